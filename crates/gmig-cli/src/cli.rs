@@ -1,0 +1,199 @@
+//! Command-line surface of `gmig`. Every subcommand's arguments are declared here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  runtime error (bad input, I/O failure, rejected or broken migration)
+  2  usage error
+  3  check failed (replay differs from the fixture, migrated run not identical)
+  4  subcommand not built in this version
+
+Logging: set RUST_LOG (e.g. RUST_LOG=gmig_core=debug); logs go to stderr.";
+
+/// Live migration of mediated Intel vGPUs (GVT-g style) between KVM hosts.
+#[derive(Debug, Parser)]
+#[command(name = "gmig", version, about, after_help = EXIT_CODES, propagate_version = true)]
+pub struct Cli {
+    /// Print machine-readable JSON on stdout instead of human-readable text.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Decode a command buffer (AUB capture or raw dwords) into an aubinator-like listing.
+    Decode(DecodeArgs),
+    /// Decode, audit and remap a fixture with the slice move it names; fail if the result differs.
+    Replay(ReplayArgs),
+    /// Migrate a simulated vGPU: run as destination (--listen) or source (--to).
+    Migrate(MigrateArgs),
+    /// Benchmarks: page hashing against memory bandwidth, the migration matrix, the gMig paper.
+    Bench(BenchArgs),
+    /// Serve a simulated vGPU to a VMM over vfio-user.
+    Serve(ServeArgs),
+    /// Migrate a vGPU under the desktop workload over loopback TCP and print the downtime report.
+    Demo(DemoArgs),
+}
+
+/// GEN generation of the command stream.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GenArg {
+    /// Broadwell.
+    #[value(name = "8")]
+    Gen8,
+    /// Skylake, Kaby Lake, Coffee Lake.
+    #[value(name = "9")]
+    Gen9,
+    /// Ice Lake.
+    #[value(name = "11")]
+    Gen11,
+}
+
+/// GPU engine (ring) that executes the command stream.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum EngineArg {
+    /// Render (RCS).
+    Render,
+    /// Blitter (BCS).
+    Blitter,
+    /// Video (VCS).
+    Video,
+    /// Video enhancement (VECS).
+    VideoEnhance,
+}
+
+#[derive(Debug, Args)]
+pub struct DecodeArgs {
+    /// AUB capture, or raw little-endian dwords with --raw.
+    pub file: PathBuf,
+    /// Treat FILE as raw little-endian dwords rather than an AUB capture.
+    #[arg(long)]
+    pub raw: bool,
+    /// Engine the raw dwords run on (with --raw).
+    #[arg(long, value_enum, default_value = "render")]
+    pub engine: EngineArg,
+    /// GEN generation of the raw dwords (with --raw).
+    #[arg(long = "gen", value_enum, default_value = "9")]
+    pub generation: GenArg,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Fixture to replay: a directory (or its manifest) under fixtures/.
+    pub fixture: PathBuf,
+}
+
+/// Migration policy.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PolicyArg {
+    /// Stop the vGPU, then send everything.
+    StopAndCopy,
+    /// QEMU-like iterative pre-copy rounds.
+    Iterative,
+    /// gMig: send every page once while running, then only hash-changed pages.
+    OneShot,
+    /// One-shot, re-hashing only the sound candidate set in downtime.
+    OneShotNarrow,
+}
+
+/// Guest workload profile.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ProfileArg {
+    /// Nothing submitted.
+    Idle,
+    /// Compositor blits of windows.
+    Desktop,
+    /// Full render-target and depth rewrite per frame, texture uploads.
+    #[value(name = "3d")]
+    ThreeD,
+    /// NV12 frames written by the video engine.
+    Video,
+    /// Large buffer writes.
+    Compute,
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Destination: listen on this address for an incoming migration.
+    #[arg(long, conflicts_with = "to")]
+    pub listen: Option<SocketAddr>,
+    /// Source: migrate to the destination listening at this address.
+    #[arg(long, required_unless_present = "listen")]
+    pub to: Option<SocketAddr>,
+    /// Guest workload running during the migration.
+    #[arg(long, value_enum, default_value = "desktop")]
+    pub profile: ProfileArg,
+    /// vGPU type: aperture+hidden MiB (64+384, 128+512, 256+1024, 512+2048).
+    #[arg(long, default_value = "64+384")]
+    pub vgpu_type: String,
+    /// Migration policy.
+    #[arg(long, value_enum, default_value = "one-shot-narrow")]
+    pub policy: PolicyArg,
+    /// Emulated link speed in Gbit/s (unlimited when absent).
+    #[arg(long)]
+    pub link_gbps: Option<f64>,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchWhat {
+    /// Page-hashing throughput against plain memory-read bandwidth of the same buffer.
+    Hash {
+        /// Buffer size in MiB (should exceed the last-level cache).
+        #[arg(long, default_value_t = 448)]
+        size_mib: usize,
+        /// Hashing threads (default: all cores).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// The migration matrix: profiles × vGPU types × policies × link speeds.
+    Migrate {
+        /// A small matrix that finishes in under two minutes.
+        #[arg(long)]
+        quick: bool,
+        /// Write JSON, Markdown and plots into this directory.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Repetitions per row.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+    },
+    /// Reproduce the shape of gMig's evaluation beside the paper's figures.
+    Paper,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Unix socket path to serve vfio-user on.
+    #[arg(long)]
+    pub socket: PathBuf,
+    /// vGPU type: aperture+hidden MiB.
+    #[arg(long, default_value = "64+384")]
+    pub vgpu_type: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Migration policy the demo uses.
+    #[arg(long, value_enum, default_value = "one-shot-narrow")]
+    pub policy: PolicyArg,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
