@@ -37,6 +37,14 @@ impl From<anyhow::Error> for Failure {
 }
 
 impl Failure {
+    /// The subcommand `what` is declared but arrives with `by`.
+    pub fn not_built(what: &str, by: &str) -> Self {
+        Failure::NotBuilt {
+            what: what.to_owned(),
+            by: by.to_owned(),
+        }
+    }
+
     fn code(&self) -> u8 {
         match self {
             Failure::NotBuilt { .. } => code::NOT_BUILT,

@@ -5,21 +5,21 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
+mod cmd;
 mod exit;
 
 use cli::{Cli, Command};
-use exit::Failure;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     let result = match &cli.command {
-        Command::Decode(args) => not_built("decode", "issue 3 (gmig-cmdparser)", args),
-        Command::Replay(args) => not_built("replay", "issue 3 (gmig-cmdparser)", args),
-        Command::Migrate(args) => not_built("migrate", "issue 7 (migration engine)", args),
-        Command::Bench(args) => not_built("bench", "issues 4 and 8 (bench harness)", args),
-        Command::Serve(args) => not_built("serve", "the vfio-user bridge", args),
-        Command::Demo(args) => not_built("demo", "issue 7 (migration engine)", args),
+        Command::Decode(args) => cmd::decode::run(args, cli.json),
+        Command::Replay(args) => cmd::replay::run(args, cli.json),
+        Command::Migrate(args) => cmd::migrate::run(args, cli.json),
+        Command::Bench(args) => cmd::bench::run(args, cli.json),
+        Command::Serve(args) => cmd::serve::run(args, cli.json),
+        Command::Demo(args) => cmd::demo::run(args, cli.json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -35,12 +35,4 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-}
-
-fn not_built<A: std::fmt::Debug>(name: &str, issue: &str, args: &A) -> Result<(), Failure> {
-    tracing::debug!(?args, "subcommand {name} requested");
-    Err(Failure::NotBuilt {
-        what: name.to_owned(),
-        by: issue.to_owned(),
-    })
 }

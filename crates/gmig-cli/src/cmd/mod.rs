@@ -1,0 +1,8 @@
+//! One module per subcommand; `main` dispatches to their `run` functions.
+
+pub mod bench;
+pub mod decode;
+pub mod demo;
+pub mod migrate;
+pub mod replay;
+pub mod serve;
