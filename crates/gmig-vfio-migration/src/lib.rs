@@ -19,6 +19,7 @@ pub mod kernel;
 pub mod state;
 pub mod target;
 pub mod testdev;
+pub mod v1;
 
 pub use device::{
     ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, PrecopyInfo, RunControl,
