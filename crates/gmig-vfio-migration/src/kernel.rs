@@ -394,6 +394,25 @@ impl<O: VfioMigrationOps> KernelDevice<O> {
     }
 }
 
+impl KernelDevice<vfio_ioctls::VfioDevice> {
+    /// Opens the kernel VFIO device at `sysfs` (e.g. `/sys/bus/mdev/devices/<uuid>` for an
+    /// `mtty` instance, or `/sys/bus/pci/devices/0000:01:00.0`) in a new type1 container and
+    /// queries its migration support. Needs `/dev/vfio/vfio` and permission on the group.
+    pub fn open(sysfs: &std::path::Path) -> Result<Self> {
+        let container = vfio_ioctls::VfioContainer::new(None).map_err(|e| KernelError::Op {
+            op: "open /dev/vfio/vfio",
+            source: vfio_err_to_io(e),
+        })?;
+        let ops: std::sync::Arc<dyn vfio_ioctls::VfioOps> = std::sync::Arc::new(container);
+        let device =
+            vfio_ioctls::VfioDevice::new(sysfs, ops, false).map_err(|e| KernelError::Op {
+                op: "open VFIO device",
+                source: vfio_err_to_io(e),
+            })?;
+        KernelDevice::new(device)
+    }
+}
+
 impl<O: VfioMigrationOps> MigrationTarget for KernelDevice<O> {
     fn features(&mut self) -> TargetResult<MigrationFeatures> {
         Ok(self.features)

@@ -522,9 +522,9 @@ proptest! {
                         let mut buf = vec![0u8; n];
                         let r = h.read(s.id, &mut buf);
                         match (h.state(), r) {
-                            (Resuming, Err(HandleError::WrongState { .. })) => {}
-                            (PreCopy | PreCopyP2p, Ok(ReadOutcome::Data(_) | ReadOutcome::NoDataNow)) => {}
-                            (StopCopy, Ok(ReadOutcome::Data(_) | ReadOutcome::End)) => {}
+                            (Resuming, Err(HandleError::WrongState { .. }))
+                            | (PreCopy | PreCopyP2p, Ok(ReadOutcome::Data(_) | ReadOutcome::NoDataNow))
+                            | (StopCopy, Ok(ReadOutcome::Data(_) | ReadOutcome::End)) => {}
                             (st, r) => prop_assert!(false, "read in {}: {:?}", st, r),
                         }
                     }
