@@ -539,3 +539,75 @@ proptest! {
         }
     }
 }
+
+/// The smallest possible device: only the required methods. Optional capabilities answer
+/// "not supported"; a device breaking the read contract is caught.
+struct Minimal {
+    overread: bool,
+}
+
+impl gmig_vfio_migration::RunControl for Minimal {
+    fn stop(&mut self) -> gmig_vfio_migration::ArcResult {
+        Ok(())
+    }
+    fn run(&mut self) -> gmig_vfio_migration::ArcResult {
+        Ok(())
+    }
+    fn reset(&mut self) -> gmig_vfio_migration::device::Result<()> {
+        Ok(())
+    }
+}
+
+impl gmig_vfio_migration::StateSaver for Minimal {
+    fn start_stop_copy(&mut self) -> gmig_vfio_migration::ArcResult {
+        Ok(())
+    }
+    fn save_read(&mut self, buf: &mut [u8]) -> gmig_vfio_migration::device::Result<usize> {
+        Ok(if self.overread { buf.len() + 1 } else { 0 })
+    }
+    fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
+        Ok(0)
+    }
+}
+
+impl gmig_vfio_migration::StateLoader for Minimal {
+    fn resume_write(&mut self, _data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
+        Ok(())
+    }
+    fn finish_resuming(&mut self) -> gmig_vfio_migration::ArcResult {
+        Ok(())
+    }
+}
+
+impl gmig_vfio_migration::DirtyLogging for Minimal {}
+impl gmig_vfio_migration::MigrationDevice for Minimal {}
+
+#[test]
+fn minimal_device_defaults_and_contract() {
+    use gmig_vfio_migration::{DeviceError, DirtyLogging, StateSaver};
+    let mut h = MigrationHandle::new(Minimal { overread: false }).unwrap();
+    assert_eq!(h.features(), MigrationFeatures::STOP_COPY);
+    assert!(matches!(
+        h.set_state(RunningP2p),
+        Err(HandleError::Refused(StateError::Unsupported { .. }))
+    ));
+    assert_eq!(h.set_state(StopCopy).unwrap().path, [Stop, StopCopy]);
+    let id = h.open_stream().unwrap().id;
+    assert_eq!(h.read(id, &mut [0u8; 4]).unwrap(), ReadOutcome::End);
+    let d = h.device_mut();
+    assert!(matches!(
+        d.precopy_info(),
+        Err(DeviceError::NotSupported(_))
+    ));
+    assert!(matches!(d.start_precopy(), Err(f) if f.rolled_back));
+    assert!(matches!(
+        d.dma_logging_start(4096, &[]),
+        Err(DeviceError::NotSupported(_))
+    ));
+    let mut h = MigrationHandle::new(Minimal { overread: true }).unwrap();
+    let id = h.set_state(StopCopy).unwrap().new_stream.unwrap().id;
+    assert!(matches!(
+        h.read(id, &mut [0u8; 4]),
+        Err(HandleError::Contract(_))
+    ));
+}
