@@ -22,6 +22,7 @@
 //! | [`dma_log`] | DMA dirty logging (`LOGGING_START/REPORT/STOP`) in software |
 //! | [`v1`] | the deprecated v1 migration region over the same traits |
 //! | [`testdev`] | a blob device that changes while running, and a fault-injecting wrapper |
+//! | [`conformance`] | the contract's acceptance checks, runnable on any device with one call |
 //!
 //! `docs/vfio-migration.md` describes the state machine, the data-stream rules and how to test
 //! against the kernel's `mtty` sample driver.
@@ -53,6 +54,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod conformance;
 pub mod device;
 pub mod dma_log;
 pub mod handle;

@@ -592,3 +592,66 @@ fn real_kernel_device_when_available() {
     assert!(report.stop_copy_estimate >= report.stop_copy_bytes);
     assert_eq!(d.state(), DeviceState::Running);
 }
+
+#[test]
+fn blob_device_passes_the_conformance_check() {
+    use gmig_vfio_migration::conformance;
+    for f in MigrationFeatures::COMBINATIONS {
+        let r = conformance::check(
+            |seed| blob(f, 11 + seed * 88),
+            |d| {
+                d.tick(25);
+            },
+            |a, b| a.blob() == b.blob(),
+            3000,
+        )
+        .unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert!(r.stop_copy_bytes > 0);
+        assert!((1.0..=2.0).contains(&r.estimate_ratio()));
+    }
+    // A device that under-reports MIG_DATA_SIZE fails it.
+    struct Liar(BlobDevice);
+    impl gmig_vfio_migration::RunControl for Liar {
+        fn stop(&mut self) -> gmig_vfio_migration::ArcResult {
+            self.0.stop()
+        }
+        fn run(&mut self) -> gmig_vfio_migration::ArcResult {
+            self.0.run()
+        }
+        fn reset(&mut self) -> gmig_vfio_migration::device::Result<()> {
+            gmig_vfio_migration::RunControl::reset(&mut self.0)
+        }
+    }
+    impl gmig_vfio_migration::StateSaver for Liar {
+        fn start_stop_copy(&mut self) -> gmig_vfio_migration::ArcResult {
+            self.0.start_stop_copy()
+        }
+        fn save_read(&mut self, buf: &mut [u8]) -> gmig_vfio_migration::device::Result<usize> {
+            self.0.save_read(buf)
+        }
+        fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
+            Ok(self.0.stop_copy_size()? / 2)
+        }
+    }
+    impl gmig_vfio_migration::StateLoader for Liar {
+        fn resume_write(&mut self, data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
+            self.0.resume_write(data)
+        }
+        fn finish_resuming(&mut self) -> gmig_vfio_migration::ArcResult {
+            self.0.finish_resuming()
+        }
+    }
+    impl gmig_vfio_migration::DirtyLogging for Liar {}
+    impl gmig_vfio_migration::MigrationDevice for Liar {}
+    let e = conformance::check(
+        |seed| Liar(blob(MigrationFeatures::STOP_COPY, 11 + seed)),
+        |_| {},
+        |a, b| a.0.blob() == b.0.blob(),
+        3000,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, conformance::ConformanceError::DishonestEstimate { .. }),
+        "{e}"
+    );
+}

@@ -490,10 +490,17 @@ proptest! {
                             if before.is_saving() && to.is_saving() {
                                 prop_assert_eq!(h.open_stream(), stream_before);
                             }
-                            if let Some(s) = t.new_stream {
+                            let stays = before == to || (before.is_saving() && to.is_saving());
+                            if to.has_stream() && !stays {
+                                // Entering the saving group or RESUMING: always a fresh stream.
+                                let s = t.new_stream.expect("fresh stream");
                                 prop_assert!(seen_streams.insert(s.id), "stream id reused");
-                                prop_assert!(to.has_stream());
-                                prop_assert!(!before.has_stream() || before == Resuming || to == Resuming);
+                                prop_assert_eq!(h.open_stream(), Some(s));
+                            } else {
+                                prop_assert_eq!(t.new_stream, None);
+                            }
+                            if !to.has_stream() {
+                                prop_assert_eq!(h.open_stream(), None);
                             }
                         }
                         Err(HandleError::Refused(_)) => {
