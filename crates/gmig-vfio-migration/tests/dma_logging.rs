@@ -233,3 +233,73 @@ proptest! {
         prop_assert!(bits(&l.report(0, span, ps).unwrap()).is_empty());
     }
 }
+
+#[test]
+fn same_dma_logging_interface_for_a_gmig_device_and_a_kernel_device() {
+    use gmig_vfio_migration::{MigrationHandle, MigrationTarget};
+    fn exercise<T: MigrationTarget>(t: &mut T, write: &mut dyn FnMut(&mut T, u64, u64)) {
+        let range = r(0, 64 * K4);
+        assert_eq!(t.dma_logging_start(K4, &[range]).unwrap(), K4);
+        write(t, 9 * K4, 3 * K4);
+        assert_eq!(
+            bits(&t.dma_logging_report(range, K4).unwrap()),
+            vec![9, 10, 11]
+        );
+        assert_eq!(
+            bits(&t.dma_logging_report(range, K4).unwrap()),
+            Vec::<u64>::new()
+        );
+        t.dma_logging_stop().unwrap();
+        assert!(t.dma_logging_report(range, K4).is_err());
+    }
+    let f = MigrationFeatures::ALL;
+    let mut h = MigrationHandle::new(BlobDevice::new(4096, 256, 1, f)).unwrap();
+    exercise(&mut h, &mut |h, at, len| h.device_mut().dma_write(at, len));
+    let mut k =
+        KernelDevice::new(MockVfio::new(BlobDevice::new(4096, 256, 1, f)).unwrap()).unwrap();
+    exercise(&mut k, &mut |k, at, len| {
+        k.ops_mut().handle().device_mut().dma_write(at, len);
+    });
+    // A device without DMA logging answers "not supported" through the same interface.
+    struct NoLog;
+    impl MigrationTarget for NoLog {
+        fn features(&mut self) -> gmig_vfio_migration::target::Result<MigrationFeatures> {
+            Ok(MigrationFeatures::STOP_COPY)
+        }
+        fn state(
+            &mut self,
+        ) -> gmig_vfio_migration::target::Result<gmig_vfio_migration::DeviceState> {
+            Ok(gmig_vfio_migration::DeviceState::Running)
+        }
+        fn set_state(
+            &mut self,
+            _: gmig_vfio_migration::DeviceState,
+        ) -> gmig_vfio_migration::target::Result<()> {
+            Ok(())
+        }
+        fn read_data(
+            &mut self,
+            _: &mut [u8],
+        ) -> gmig_vfio_migration::target::Result<gmig_vfio_migration::ReadOutcome> {
+            Ok(gmig_vfio_migration::ReadOutcome::End)
+        }
+        fn write_data(&mut self, _: &[u8]) -> gmig_vfio_migration::target::Result<()> {
+            Ok(())
+        }
+        fn precopy_info(
+            &mut self,
+        ) -> gmig_vfio_migration::target::Result<gmig_vfio_migration::PrecopyInfo> {
+            Ok(Default::default())
+        }
+        fn stop_copy_size(&mut self) -> gmig_vfio_migration::target::Result<u64> {
+            Ok(0)
+        }
+        fn reset(&mut self) -> gmig_vfio_migration::target::Result<()> {
+            Ok(())
+        }
+    }
+    assert!(matches!(
+        NoLog.dma_logging_start(K4, &[r(0, K4)]),
+        Err(gmig_vfio_migration::TargetError::Unsupported(_))
+    ));
+}

@@ -387,14 +387,24 @@ fn read_semantics_precopy_nodata_vs_stopcopy_end() {
     let s = h.set_state(PreCopy).unwrap().new_stream.unwrap();
     let mut buf = vec![0u8; 1000];
     let mut n = 0;
+    let first = h.precopy_info(s.id).unwrap();
+    assert!(first.initial_bytes > 3000);
+    assert_eq!(first.dirty_bytes, 0);
+    let mut last_initial = first.initial_bytes;
     loop {
         match h.read(s.id, &mut buf).unwrap() {
-            ReadOutcome::Data(k) => n += k,
+            ReadOutcome::Data(k) => {
+                n += k;
+                // initial_bytes falls by exactly what was read.
+                let info = h.precopy_info(s.id).unwrap();
+                assert_eq!(info.initial_bytes, last_initial - k as u64);
+                last_initial = info.initial_bytes;
+            }
             ReadOutcome::NoDataNow => break,
             ReadOutcome::End => panic!("End in PRE_COPY"),
         }
     }
-    assert!(n > 3000);
+    assert_eq!(n as u64, first.initial_bytes);
     assert!(h.precopy_info(s.id).unwrap().is_empty());
     // The device runs and dirties state: data is available again, with no End in between.
     assert!(h.device_mut().inner.tick(3));
