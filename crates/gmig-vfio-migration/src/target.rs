@@ -228,7 +228,7 @@ pub struct MigrationReport {
 /// Options of [`migrate`].
 #[derive(Debug, Clone, Copy)]
 pub struct MigrateOptions {
-    /// Use PRE_COPY when both ends support it.
+    /// Use PRE_COPY when the source supports it (the destination only ever sees RESUMING).
     pub precopy: bool,
     /// Read/write chunk size.
     pub chunk: usize,

@@ -721,3 +721,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn engine_drives_gmig_and_kernel_devices_through_one_dyn_interface() {
+    let f = MigrationFeatures::ALL;
+    let mut devices: Vec<Box<dyn MigrationTarget>> = vec![
+        Box::new(handle(f, 11)),
+        Box::new(kdev(f, 11)),
+        Box::new(handle(f, 99)),
+        Box::new(kdev(f, 99)),
+    ];
+    let mut streams = Vec::new();
+    // Sources 0 and 1 migrate into destinations 3 and 2 (crossing the kinds).
+    for (s, d) in [(0usize, 3usize), (1, 2)] {
+        let (a, b) = devices.split_at_mut(2);
+        let src = &mut *a[s];
+        let dst = &mut *b[d - 2];
+        let (stream, _) = target::migrate(src, dst, MigrateOptions::default(), |_| Ok(())).unwrap();
+        assert_eq!(dst.state().unwrap(), DeviceState::Running);
+        streams.push(stream);
+    }
+    assert_eq!(streams[0], streams[1]);
+}
