@@ -40,6 +40,16 @@ impl Gen {
     }
 }
 
+impl core::fmt::Display for Gen {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Gen::Gen8 => "gen8",
+            Gen::Gen9 => "gen9",
+            Gen::Gen11 => "gen11",
+        })
+    }
+}
+
 impl core::str::FromStr for Gen {
     type Err = &'static str;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -90,6 +100,17 @@ impl Engine {
             Engine::Video => 2,
             Engine::VideoEnhance => 3,
         }
+    }
+}
+
+impl core::fmt::Display for Engine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Engine::Render => "render",
+            Engine::Blitter => "blitter",
+            Engine::Video => "video",
+            Engine::VideoEnhance => "video-enhance",
+        })
     }
 }
 
