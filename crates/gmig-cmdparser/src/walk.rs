@@ -190,6 +190,9 @@ struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
     sum: WalkSummary,
     visit: &'v mut Visit<'f>,
     buf: Vec<u32>,
+    /// One cached page of the buffer being walked: (space, page address) and its dwords.
+    page_at: Option<(AddressSpace, u64)>,
+    page: Vec<u32>,
 }
 
 /// Largest command: a 16-bit length field plus bias.
@@ -236,10 +239,61 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         }
     }
 
+    /// Reads dwords at `addr` (4-byte aligned) through a one-page cache: batches are read a
+    /// page at a time. A page that cannot be read whole is read piecemeal, uncached.
+    fn read(&mut self, space: AddressSpace, addr: u64, out: &mut [u32]) -> Result<()> {
+        let page_dwords = (GTT_PAGE_SIZE / 4) as usize;
+        let mut at = addr;
+        let mut done = 0usize;
+        while done < out.len() {
+            let page = at & !(GTT_PAGE_SIZE - 1);
+            let first = ((at - page) / 4) as usize;
+            let n = (page_dwords - first).min(out.len() - done);
+            let dst = out.get_mut(done..done + n).unwrap_or(&mut []);
+            if self.page_at != Some((space, page)) {
+                self.page.resize(page_dwords, 0);
+                if self.mem.read_dwords(space, page, &mut self.page).is_ok() {
+                    self.page_at = Some((space, page));
+                } else {
+                    self.page_at = None;
+                    self.mem.read_dwords(space, at, dst)?;
+                    done += n;
+                    at = at
+                        .checked_add((n as u64) * 4)
+                        .ok_or(MemoryError::Overflow {
+                            space,
+                            addr,
+                            len: out.len() * 4,
+                        })?;
+                    continue;
+                }
+            }
+            if let Some(src) = self.page.get(first..first + n) {
+                dst.copy_from_slice(src);
+            }
+            done += n;
+            at = at
+                .checked_add((n as u64) * 4)
+                .ok_or(MemoryError::Overflow {
+                    space,
+                    addr,
+                    len: out.len() * 4,
+                })?;
+        }
+        Ok(())
+    }
+
     /// Fetches the command at `addr` into `self.buf`; returns its length in dwords.
     fn fetch(&mut self, space: AddressSpace, addr: u64, offset: usize) -> Result<usize> {
+        if addr % 4 != 0 {
+            return Err(WalkError::Rejected {
+                space,
+                addr,
+                reason: "command address is not dword aligned",
+            });
+        }
         let mut dw0 = [0u32; 1];
-        self.mem.read_dwords(space, addr, &mut dw0)?;
+        self.read(space, addr, &mut dw0)?;
         let dw0 = dw0[0];
         let desc = table::lookup(self.gen, self.engine, dw0).ok_or(WalkError::Decode {
             space,
@@ -259,9 +313,12 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             addr,
             len: len * 4,
         })?;
-        self.buf.clear();
-        self.buf.resize(len, 0);
-        self.mem.read_dwords(space, addr, &mut self.buf)?;
+        let mut buf = core::mem::take(&mut self.buf);
+        buf.clear();
+        buf.resize(len, 0);
+        let r = self.read(space, addr, &mut buf);
+        self.buf = buf;
+        r?;
         Ok(len)
     }
 
@@ -422,6 +479,8 @@ pub fn walk<M: GpuMemory + ?Sized>(
         sum: WalkSummary::default(),
         visit,
         buf: Vec::new(),
+        page_at: None,
+        page: Vec::new(),
     };
     w.ring(ring)?;
     Ok(w.sum)
@@ -448,6 +507,8 @@ pub fn walk_batch<M: GpuMemory + ?Sized>(
         sum: WalkSummary::default(),
         visit,
         buf: Vec::new(),
+        page_at: None,
+        page: Vec::new(),
     };
     let ctx = if ctx.level == BatchLevel::Ring {
         BatchContext::first_level(space)

@@ -713,3 +713,156 @@ fn blit_range_below_zero_is_refused_not_unknown() {
     .is_err());
     assert_eq!(buf, blit);
 }
+
+#[test]
+fn walk_batch_calls_second_level_from_a_ppgtt_batch() {
+    let mut m = PageMemory::new();
+    let b1 = 0x7000_0ff0u64; // crosses a page boundary
+    let b2 = 0x7100_0000u64;
+    m.put_dwords(
+        PPGTT,
+        b1,
+        &concat(&[
+            build::mi_store_data_imm(PPGTT, 0x10, &[1]),
+            build::mi_batch_buffer_start(PPGTT, b2, true),
+            build::pipe_control(Some((PPGTT, 0x20, 2))),
+            build::mi_batch_buffer_end(),
+        ]),
+    )
+    .unwrap();
+    m.put_dwords(
+        PPGTT,
+        b2,
+        &concat(&[build::mi_noop(), build::mi_batch_buffer_end()]),
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let sum = gmig_cmdparser::walk_batch(
+        Gen::Gen11,
+        Engine::Render,
+        &m,
+        PPGTT,
+        b1,
+        BatchContext::first_level(PPGTT),
+        Budget::default(),
+        &mut |w| {
+            seen.push((w.cmd.desc.name, w.ctx.level, w.ctx.privileged, w.addr));
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(sum.commands, 6);
+    assert_eq!(
+        seen.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
+        vec![
+            ("MI_STORE_DATA_IMM", BatchLevel::First),
+            ("MI_BATCH_BUFFER_START", BatchLevel::First),
+            ("MI_NOOP", BatchLevel::Second),
+            ("MI_BATCH_BUFFER_END", BatchLevel::Second),
+            ("PIPE_CONTROL", BatchLevel::First),
+            ("MI_BATCH_BUFFER_END", BatchLevel::First),
+        ]
+    );
+    assert!(seen.iter().all(|s| !s.2), "PPGTT batches are unprivileged");
+    assert_eq!(seen[4].3, b1 + 4 * (4 + 3));
+}
+
+#[test]
+fn audit_walk_refuses_buffers_outside_the_slices() {
+    let (m, ring) = world();
+    // Slices that hold the ring but not the hidden-slice batches.
+    let narrow = VgpuSlices {
+        aperture: Slice::new(GgttOffset(0x0400_0000), 64 * MIB).unwrap(),
+        hidden: Slice::new(GgttOffset(0x5000_0000), 64 * MIB).unwrap(),
+    };
+    let e = audit_walk(
+        Gen::Gen9,
+        Engine::Render,
+        &m,
+        ring,
+        Budget::default(),
+        &narrow,
+    )
+    .unwrap_err();
+    assert!(matches!(e, WalkError::Audit { .. }), "{e}");
+    // A ring outside the slices is refused before anything is read.
+    let elsewhere = VgpuSlices {
+        aperture: Slice::new(GgttOffset(0x0800_0000), 64 * MIB).unwrap(),
+        hidden: Slice::new(GgttOffset(0x4000_0000), 384 * MIB).unwrap(),
+    };
+    let e = audit_walk(
+        Gen::Gen9,
+        Engine::Render,
+        &m,
+        ring,
+        Budget::default(),
+        &elsewhere,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            WalkError::Audit {
+                addr: 0x0400_0000,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+/// Memory whose 4th write fails (and only that one).
+struct OnceFailing {
+    inner: PageMemory,
+    writes: usize,
+}
+
+impl GpuMemory for OnceFailing {
+    fn read(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Result<(), gmig_cmdparser::MemoryError> {
+        self.inner.read(space, addr, out)
+    }
+}
+
+impl gmig_cmdparser::GpuMemoryMut for OnceFailing {
+    fn write(
+        &mut self,
+        space: AddressSpace,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), gmig_cmdparser::MemoryError> {
+        self.writes += 1;
+        if self.writes == 4 {
+            return Err(gmig_cmdparser::MemoryError::Denied { space, addr });
+        }
+        self.inner.write(space, addr, data)
+    }
+}
+
+#[test]
+fn remap_walk_undoes_partial_writes() {
+    let (orig, ring) = world();
+    let mut m = OnceFailing {
+        inner: orig.clone(),
+        writes: 0,
+    };
+    let e = remap_walk(
+        Gen::Gen9,
+        Engine::Render,
+        &mut m,
+        ring,
+        Budget::default(),
+        &mv(),
+    )
+    .unwrap_err();
+    assert!(matches!(e, WalkError::Memory(_)), "{e}");
+    assert!(
+        m.writes > 4,
+        "the three writes before the failure were undone"
+    );
+    assert_eq!(m.inner, orig);
+}
