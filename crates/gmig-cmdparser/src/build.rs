@@ -189,7 +189,8 @@ pub fn xy_src_copy_blt(
     ]
 }
 
-/// XY_FAST_COPY_BLT (GEN9+) between linear surfaces; `cpp` 1, 2, 4, 8 or 16.
+/// XY_FAST_COPY_BLT (GEN9+) between linear surfaces; `cpp` 1, 2, 4, 8 or 16 (colour depth
+/// encoded as i915 and IGT do: 0, 1, 3, 4, 5).
 #[allow(clippy::too_many_arguments)]
 pub fn xy_fast_copy_blt(
     dst: u64,
@@ -204,9 +205,9 @@ pub fn xy_fast_copy_blt(
     let depth = match cpp {
         1 => 0,
         2 => 1,
-        4 => 2,
-        8 => 3,
-        _ => 4,
+        4 => 3,
+        8 => 4,
+        _ => 5,
     };
     vec![
         (2 << 29) | (0x42 << 22) | 8,

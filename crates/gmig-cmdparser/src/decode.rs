@@ -431,18 +431,22 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
             )
         }
         SizeRule::FastDst | SizeRule::FastSrc => {
+            // Colour depth (DW1 bits 26:24) as i915 and IGT encode it: 0 8 bpp, 1 16 bpp, 3 32 bpp,
+            // 4 64 bpp, 5 128 bpp; the other values are reserved and counted as 128 bpp.
             let dw1 = d(1);
             let cpp = match (dw1 >> 24) & 7 {
                 0 => 1u64,
                 1 => 2,
-                2 => 4,
-                3 => 8,
+                3 => 4,
+                4 => 8,
                 _ => 16,
             };
             let (x1, y1) = xy(d(2));
             let (x2, y2) = xy(d(3));
+            // Tiling: destination DW0 bits 14:13, source DW0 bits 21:20 (0 linear; X, Y/Yf, Ys
+            // otherwise); tiled pitches are in dwords.
             let (pitch_raw, tiling, sx, sy) = if rule == SizeRule::FastDst {
-                (dw1 & 0xffff, (dw1 >> 30) & 3, x1, y1)
+                (dw1 & 0xffff, (d(0) >> 13) & 3, x1, y1)
             } else {
                 let (sx, sy) = xy(d(6));
                 (d(7) & 0xffff, (d(0) >> 20) & 3, sx, sy)

@@ -273,9 +273,12 @@ pub enum SizeRule {
     /// Source rectangle of `XY_SRC_COPY_BLT`-style blits (corner in DW6, pitch in DW7, tiling in
     /// DW0 bit 15, size of the destination rectangle).
     XySrc,
-    /// Destination rectangle of `XY_FAST_COPY_BLT`.
+    /// Destination rectangle of `XY_FAST_COPY_BLT` (colour depth in DW1 bits 26:24, pitch in DW1,
+    /// corners in DW2/DW3, tiling in DW0 bits 14:13; tiled surfaces count whole rows of the
+    /// tallest tile, 256 rows).
     FastDst,
-    /// Source rectangle of `XY_FAST_COPY_BLT`.
+    /// Source rectangle of `XY_FAST_COPY_BLT` (corner in DW6, pitch in DW7, tiling in DW0 bits
+    /// 21:20).
     FastSrc,
 }
 

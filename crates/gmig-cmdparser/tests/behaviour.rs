@@ -406,6 +406,28 @@ fn write_sets_bound_blits_and_stores() {
             len: 16,
         }])
     );
+    // 32 bpp (depth 3 as i915 encodes it), destination Y-tiled (DW0 bits 14:13 = 2), pitch 64
+    // dwords: whole rows of 256-row tiles.
+    let mut tiled = build::xy_fast_copy_blt(
+        0x0400_0000,
+        64,
+        rect(0, 300, 8, 301),
+        0x0500_0000,
+        64,
+        0,
+        0,
+        4,
+    );
+    assert_eq!(tiled[1] >> 24 & 7, 3);
+    tiled[0] |= 2 << 13;
+    assert_eq!(
+        write_set(Gen::Gen11, Engine::Blitter, &tiled, &ring),
+        WriteSet::Ranges(vec![AddressRange {
+            space: GGTT,
+            start: 0x0400_0000 + 256 * 256,
+            len: 256 * 256,
+        }])
+    );
     let sdi = build::mi_store_data_imm(PPGTT, 0x9000, &[1, 2]);
     assert_eq!(
         write_set(Gen::Gen8, Engine::Video, &sdi, &ring),
