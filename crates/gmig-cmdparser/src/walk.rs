@@ -13,7 +13,8 @@
 //! - A [`Budget`] bounds commands, batch bytes and batch starts, so that a batch that chains to
 //!   itself ends in [`WalkError::Budget`], not a hang.
 //!
-//! Memory is read only through the caller's [`GpuMemory`]; batches are fetched page by page.
+//! Memory is read only through the caller's [`GpuMemory`]; batches are fetched page by page, so
+//! the memory must not change during a walk.
 
 use thiserror::Error;
 
