@@ -45,6 +45,7 @@ pub const PER_ENGINE: &[RegRange] = &[
     rr("RING_CTX_TIMESTAMP", 0x3a8, 0x3ac, false),
     rr("CS_GPR[0..16]", 0x600, 0x680, true),
     rr("RING_PREDICATE_RESULT", 0x3b8, 0x3bc, true),
+    rr("CSFE_CHICKEN1 (masked)", 0xd4, 0xd8, true),
 ];
 
 /// Render-engine registers (absolute offsets).
@@ -58,6 +59,17 @@ pub const RENDER: &[RegRange] = &[
     rr("SO_WRITE_OFFSET[0..4]", 0x5280, 0x5290, true),
     rr("CACHE_MODE_0/1", 0x7000, 0x7008, true),
     rr("L3CNTLREG", 0x7034, 0x7038, true),
+    // Masked workaround ("chicken") registers that GVT-g lets commands write and that Mesa and
+    // i915 program from batches; they change how the GPU behaves, not what memory it reaches.
+    rr("FF_SLICE_CS_CHICKEN1/2", 0x20e0, 0x20e8, true),
+    rr("CS_DEBUG_MODE1", 0x20ec, 0x20f0, true),
+    rr("FF slice chicken (0x2580)", 0x2580, 0x2584, true),
+    rr("WM_CHICKEN3", 0x5588, 0x558c, true),
+    rr("HDC_CHICKEN0/1", 0x7300, 0x7308, true),
+    rr("L3SQCREG4", 0xb118, 0xb11c, true),
+    rr("HALF_SLICE_CHICKEN2/3/5", 0xe180, 0xe18c, true),
+    rr("HALF_SLICE_CHICKEN7", 0xe194, 0xe198, true),
+    rr("ROW_CHICKEN/ROW_CHICKEN2", 0xe4f0, 0xe4f8, true),
     rr("L3 cache control (MOCS L3CC)", 0xb020, 0xb0a4, true),
     rr("MOCS tables", 0xc800, 0xcffc, true),
 ];
