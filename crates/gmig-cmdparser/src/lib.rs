@@ -12,3 +12,32 @@
 //! **Must not know about:** VFIO, page hashing, migration streams or transports. Memory is reached
 //! only through a trait the caller implements (GGTT and PPGTT translation are the caller's).
 #![warn(missing_docs)]
+
+pub mod aub;
+
+// ---- TEMPORARY (aub helper): stand-ins for the types `wip/cmdparser` defines; dropped at merge. ----
+/// GEN generation (temporary stand-in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Gen {
+    /// Broadwell.
+    Gen8,
+    /// Skylake family.
+    Gen9,
+    /// Ice Lake.
+    Gen11,
+}
+/// Engine (temporary stand-in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Engine {
+    /// RCS.
+    Render,
+    /// BCS.
+    Blitter,
+    /// VCS.
+    Video,
+    /// VECS.
+    VideoEnhance,
+}
+/// GGTT offset (temporary stand-in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GgttOffset(pub u64);
