@@ -47,6 +47,9 @@ use std::collections::BTreeMap;
 
 use crate::{Engine, Gen, GgttOffset};
 
+pub mod cmd;
+pub mod fixture;
+
 /// Size of a GTT page and of a physical page in the memory image.
 pub const PAGE_SIZE: u64 = 4096;
 const PAGE: usize = 4096;
