@@ -21,14 +21,23 @@ fn fixture_dirs() -> Vec<std::path::PathBuf> {
 #[test]
 fn every_fixture_replays_as_expected() {
     let dirs = fixture_dirs();
-    assert!(dirs.len() >= 12, "only {} fixtures", dirs.len());
+    assert!(
+        dirs.len() >= 12,
+        "only {} fixtures in {}",
+        dirs.len(),
+        repo_root().display()
+    );
     let mut failures = Vec::new();
     for dir in &dirs {
         if let Err(e) = fixture::check_dir(dir) {
             failures.push(format!("{}: {e}", dir.display()));
         }
     }
-    assert!(failures.is_empty(), "fixtures differ:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "fixtures differ:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -40,7 +49,10 @@ fn generator_reproduces_committed_fixtures_byte_for_byte() {
         .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
         .collect();
     let generated: BTreeSet<String> = specs.iter().map(|s| s.name.to_owned()).collect();
-    assert_eq!(committed, generated, "fixture directories and generator disagree");
+    assert_eq!(
+        committed, generated,
+        "fixture directories and generator disagree"
+    );
     for spec in &specs {
         let files = fixture::generate(spec).expect("generator runs");
         let dir = root.join(spec.name);
@@ -53,8 +65,12 @@ fn generator_reproduces_committed_fixtures_byte_for_byte() {
         assert_eq!(on_disk, made, "{}: file sets differ", spec.name);
         for (name, bytes) in files {
             let disk = std::fs::read(dir.join(&name)).expect("committed file");
-            assert!(disk == bytes, "{}/{name} differs from what the generator writes; run \
-                `cargo run -p gmig-cmdparser --example gen-fixtures`", spec.name);
+            assert!(
+                disk == bytes,
+                "{}/{name} differs from what the generator writes; run \
+                `cargo run -p gmig-cmdparser --example gen-fixtures`",
+                spec.name
+            );
         }
     }
 }
@@ -69,21 +85,35 @@ fn fixtures_cover_every_engine_generation_and_outcome() {
         })
         .collect();
     for gen in ["8", "9", "11"] {
-        assert!(manifests.iter().any(|m| fixture::gen_name(m.gen) == gen), "no gen{gen} fixture");
+        assert!(
+            manifests.iter().any(|m| fixture::gen_name(m.gen) == gen),
+            "no gen{gen} fixture"
+        );
     }
     for engine in ["render", "blitter", "video", "video-enhance"] {
-        assert!(manifests.iter().any(|m| fixture::engine_name(m.engine) == engine), "no {engine} fixture");
+        assert!(
+            manifests
+                .iter()
+                .any(|m| fixture::engine_name(m.engine) == engine),
+            "no {engine} fixture"
+        );
     }
     assert!(manifests.iter().any(|m| m.expect == Expect::Remap));
     for r in ["aub", "truncated", "budget", "forbidden", "out-of-slice"] {
         assert!(
-            manifests.iter().any(|m| matches!(m.expect, Expect::Refuse(x) if x.name() == r)),
+            manifests
+                .iter()
+                .any(|m| matches!(m.expect, Expect::Refuse(x) if x.name() == r)),
             "no fixture refused for {r}"
         );
     }
     // Small: KiBs, not MiBs.
     for d in fixture_dirs() {
-        let size: u64 = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.metadata().unwrap().len()).sum();
+        let size: u64 = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.metadata().unwrap().len())
+            .sum();
         assert!(size < 256 * 1024, "{} holds {size} bytes", d.display());
     }
 }

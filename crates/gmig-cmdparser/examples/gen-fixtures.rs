@@ -49,7 +49,15 @@ fn main() -> ExitCode {
             }
             written += 1;
         }
-        println!("{:<40} {}", spec.name, files.iter().map(|(n, b)| format!("{n} ({} B)", b.len())).collect::<Vec<_>>().join(", "));
+        println!(
+            "{:<40} {}",
+            spec.name,
+            files
+                .iter()
+                .map(|(n, b)| format!("{n} ({} B)", b.len()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     println!("wrote {written} files under {}", out.display());
     ExitCode::SUCCESS

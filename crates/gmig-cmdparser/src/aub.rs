@@ -45,10 +45,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::{Engine, Gen, GgttOffset};
+use crate::{
+    remap_walk, AddressSpace, Budget, Engine, Gen, GgttOffset, GpuMemory, GpuMemoryMut,
+    MemoryError, RemapStats, RingSpan, SliceMove, WalkError,
+};
 
 pub mod cmd;
 pub mod fixture;
+pub mod listing;
 
 /// Size of a GTT page and of a physical page in the memory image.
 pub const PAGE_SIZE: u64 = 4096;
@@ -381,6 +385,28 @@ pub enum AubError {
         offset: usize,
         /// The bound.
         limit: usize,
+    },
+    /// Remapping a submission's ring and batches failed (nothing was changed).
+    #[error("submission {submission}: {err}")]
+    Walk {
+        /// Index of the submission.
+        submission: usize,
+        /// Why.
+        err: WalkError,
+    },
+    /// A GGTT address the migration must rebase lies outside the source slices.
+    #[error("{what} at GGTT 0x{addr:x} lies outside the source slices; cannot rebase it")]
+    NotInSlice {
+        /// What it is (`"context"`, `"ring"`, `"hardware status page"`).
+        what: &'static str,
+        /// The address.
+        addr: u64,
+    },
+    /// Moving a GGTT entry would overwrite an entry the move does not carry.
+    #[error("GGTT entry for 0x{addr:x} moves onto an entry that is not part of the move")]
+    EntryCollision {
+        /// Destination GGTT offset.
+        addr: u64,
     },
     /// Writing a capture needs its generation.
     #[error("the capture names no GEN generation; cannot write its header")]
@@ -726,6 +752,113 @@ impl Submission {
     #[must_use]
     pub fn context_image(&self) -> GgttOffset {
         GgttOffset(self.lrca.0 + PAGE_SIZE)
+    }
+}
+
+impl Submission {
+    /// The ring as the walker takes it.
+    #[must_use]
+    pub fn ring_span(&self) -> RingSpan {
+        RingSpan {
+            start: self.ring.start,
+            size: self.ring.size,
+            head: self.ring.head,
+            tail: self.ring.tail,
+        }
+    }
+
+    /// The memory this submission's commands see: the image through the GGTT, and through the
+    /// PPGTT rooted at this submission's PML4.
+    #[must_use]
+    pub fn memory<'a>(&self, image: &'a MemoryImage) -> CaptureMemory<'a> {
+        CaptureMemory {
+            image,
+            pml4: self.pml4,
+        }
+    }
+}
+
+/// A [`MemoryImage`] seen through the GGTT and one PPGTT, as the walker reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct CaptureMemory<'a> {
+    /// The image.
+    pub image: &'a MemoryImage,
+    /// Physical address of the PPGTT's PML4.
+    pub pml4: u64,
+}
+
+/// A mutable [`MemoryImage`] seen through the GGTT and one PPGTT (for remapping in place).
+#[derive(Debug)]
+pub struct CaptureMemoryMut<'a> {
+    /// The image.
+    pub image: &'a mut MemoryImage,
+    /// Physical address of the PPGTT's PML4.
+    pub pml4: u64,
+}
+
+fn memory_error(space: AddressSpace, fault: MemFault) -> MemoryError {
+    match fault {
+        MemFault::GgttOutOfRange { addr }
+        | MemFault::GgttUnmapped { addr }
+        | MemFault::PpgttUnmapped { addr, .. }
+        | MemFault::BadContextAddress { addr } => MemoryError::Unmapped { space, addr },
+        MemFault::Overflow { addr, len } => MemoryError::Overflow {
+            space,
+            addr,
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+        },
+        MemFault::PageLimit { .. } => MemoryError::Denied { space, addr: 0 },
+    }
+}
+
+fn image_read(
+    image: &MemoryImage,
+    pml4: u64,
+    space: AddressSpace,
+    addr: u64,
+    out: &mut [u8],
+) -> std::result::Result<(), MemoryError> {
+    match space {
+        AddressSpace::Ggtt => image.read_ggtt(GgttOffset(addr), out),
+        AddressSpace::Ppgtt => image.read_ppgtt(pml4, addr, out),
+    }
+    .map_err(|f| memory_error(space, f))
+}
+
+impl GpuMemory for CaptureMemory<'_> {
+    fn read(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<(), MemoryError> {
+        image_read(self.image, self.pml4, space, addr, out)
+    }
+}
+
+impl GpuMemory for CaptureMemoryMut<'_> {
+    fn read(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<(), MemoryError> {
+        image_read(self.image, self.pml4, space, addr, out)
+    }
+}
+
+impl GpuMemoryMut for CaptureMemoryMut<'_> {
+    fn write(
+        &mut self,
+        space: AddressSpace,
+        addr: u64,
+        data: &[u8],
+    ) -> std::result::Result<(), MemoryError> {
+        match space {
+            AddressSpace::Ggtt => self.image.write_ggtt(GgttOffset(addr), data, u64::MAX),
+            AddressSpace::Ppgtt => self.image.write_ppgtt(self.pml4, addr, data, u64::MAX),
+        }
+        .map_err(|f| memory_error(space, f))
     }
 }
 
@@ -1221,6 +1354,107 @@ impl AubCapture {
             w.submit(gen, s.engine, s.descriptor);
         }
         Ok(w.finish())
+    }
+}
+
+impl AubCapture {
+    /// The capture as it would be after migrating its vGPU from `mv.from` to `mv.to`:
+    ///
+    /// 1. every distinct (engine, ring, PPGTT) of the submissions is walked and its GGTT addresses
+    ///    rebased in place ([`remap_walk`]: ring, first- and second-level batches; PPGTT addresses
+    ///    untouched; each walk all or nothing);
+    /// 2. each context image's `RING_START`, and each engine's `HWS_PGA` register, are rebased;
+    /// 3. every GGTT entry inside a source slice moves to the same place in the destination slice
+    ///    (the physical pages stay where they are);
+    /// 4. each descriptor's LRCA is rebased, and the submissions are read again from the new image.
+    ///
+    /// Migrating with `mv.inverse()` afterwards gives back the original capture. The capture is
+    /// taken as its final memory shows it: submissions that share a ring share its remap.
+    ///
+    /// # Errors
+    /// [`AubError::Walk`] when a walk or its remap fails, [`AubError::NotInSlice`] for a context
+    /// or ring outside the source slices, [`AubError::EntryCollision`]; `self` is never changed.
+    pub fn migrate(&self, mv: &SliceMove, budget: Budget) -> Result<AubCapture> {
+        let gen = self.gen.ok_or(AubError::NoGeneration)?;
+        let mut out = self.clone();
+        // 1. Commands.
+        let mut done: Vec<(Engine, RingState, u64)> = Vec::new();
+        for (i, s) in self.submissions.iter().enumerate() {
+            let key = (s.engine, s.ring, s.pml4);
+            if done.contains(&key) {
+                continue;
+            }
+            done.push(key);
+            let mut mem = CaptureMemoryMut {
+                image: &mut out.memory,
+                pml4: s.pml4,
+            };
+            let _stats: RemapStats = remap_walk(gen, s.engine, &mut mem, s.ring_span(), budget, mv)
+                .map_err(|err| AubError::Walk { submission: i, err })?;
+        }
+        // 2. Context images and status pages.
+        let rebase = |what: &'static str, addr: u64| {
+            mv.rebase(GgttOffset(addr))
+                .map(|g| g.0)
+                .ok_or(AubError::NotInSlice { what, addr })
+        };
+        let mut contexts: Vec<u64> = self.submissions.iter().map(|s| s.lrca.0).collect();
+        contexts.sort_unstable();
+        contexts.dedup();
+        for lrca in contexts {
+            rebase("context", lrca)?;
+            let at = GgttOffset(lrca + PAGE_SIZE + 4 * ctx::RING_START as u64);
+            let old = out
+                .memory
+                .read_ggtt_dwords(at, 1)?
+                .first()
+                .copied()
+                .unwrap_or(0);
+            let start = u64::from(old) & 0xffff_f000;
+            let new = rebase("ring", start)?;
+            let new = u32::try_from(new).map_err(|_| AubError::NotInSlice {
+                what: "ring",
+                addr: start,
+            })?;
+            out.memory
+                .write_ggtt(at, &((old & 0xfff) | new).to_le_bytes(), u64::MAX)?;
+        }
+        for engine in Engine::ALL {
+            let reg = mmio_base(gen, engine) + reg::HWS_PGA;
+            if let Some(v) = out.registers.get_mut(&reg) {
+                if let Some(new) = mv.rebase(GgttOffset(u64::from(*v & 0xffff_f000))) {
+                    *v = (*v & 0xfff) | u32::try_from(new.0).unwrap_or(*v & 0xffff_f000);
+                }
+            }
+        }
+        // 3. GGTT entries.
+        let mut moved = BTreeMap::new();
+        let mut kept = BTreeMap::new();
+        for (index, pte) in out.memory.ggtt_entries() {
+            match mv.rebase(GgttOffset(index * PAGE_SIZE)) {
+                Some(to) => {
+                    moved.insert(to.0 / PAGE_SIZE, pte);
+                }
+                None => {
+                    kept.insert(index, pte);
+                }
+            }
+        }
+        for (&index, &pte) in &moved {
+            if kept.insert(index, pte).is_some() {
+                return Err(AubError::EntryCollision {
+                    addr: index * PAGE_SIZE,
+                });
+            }
+        }
+        out.memory.ggtt = kept;
+        // 4. Descriptors and submissions.
+        for s in &mut out.submissions {
+            let lrca = rebase("context", s.lrca.0)?;
+            let descriptor = (s.descriptor & !DESCRIPTOR_LRCA_MASK) | lrca;
+            *s = submission_from_image(&out.memory, s.engine, descriptor)?;
+        }
+        Ok(out)
     }
 }
 

@@ -52,8 +52,8 @@
 #![warn(missing_docs)]
 
 pub mod addr;
-pub mod audit;
 pub mod aub;
+pub mod audit;
 pub mod build;
 pub mod decode;
 pub mod memory;

@@ -152,8 +152,8 @@ pub fn state_base_address(gen: Gen, base: u64) -> Vec<u32> {
     for at in [1, 4, 6, 8, 10] {
         put(&mut v, at);
     }
-    for at in 12..16 {
-        v[at] = 0x10 << 12 | 1; // 16 pages, modify enable
+    for size in &mut v[12..16] {
+        *size = 0x10 << 12 | 1; // 16 pages, modify enable
     }
     if len >= 19 {
         put(&mut v, 16);

@@ -16,9 +16,12 @@
 
 use std::fmt::Write as _;
 
-use super::cmd;
-use super::{AubError, CaptureBuilder, RingSpec, PAGE_SIZE};
-use crate::{Engine, Gen, GgttOffset};
+use super::{cmd, listing};
+use super::{AubCapture, AubError, CaptureBuilder, RingSpec, PAGE_SIZE};
+use crate::{
+    audit_walk, AuditError, Budget, DecodeError, Engine, Gen, GgttOffset, RemapError, Slice,
+    SliceMove, VgpuSlices, WalkError,
+};
 
 /// Why a fixture or manifest is unusable.
 #[non_exhaustive]
@@ -94,6 +97,9 @@ pub enum Refusal {
     Forbidden,
     /// A GGTT address outside the vGPU's slices.
     OutOfSlice,
+    /// Anything else the parser cannot make sense of (unknown opcode, bad length, bad ring,
+    /// unmapped memory).
+    Malformed,
 }
 
 impl Refusal {
@@ -106,6 +112,7 @@ impl Refusal {
             Refusal::Budget => "budget",
             Refusal::Forbidden => "forbidden",
             Refusal::OutOfSlice => "out-of-slice",
+            Refusal::Malformed => "malformed",
         }
     }
 
@@ -709,4 +716,389 @@ pub fn specs() -> Vec<FixtureSpec> {
           "MI_FLUSH_DW post-sync to the aperture slice, MI_STORE_DATA_IMM to the hidden slice",
           remap, vecs_stores),
     ]
+}
+
+// ------------------------------------------------------------------------------------------------
+// Replay
+// ------------------------------------------------------------------------------------------------
+
+/// The budget fixtures are replayed with (small, so the self-looping batch ends at once).
+pub const REPLAY_BUDGET: Budget = Budget {
+    max_commands: 4096,
+    max_batch_bytes: 1 << 20,
+    max_batches: 64,
+};
+
+/// What replaying a fixture gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The capture audited clean and was remapped.
+    Remapped {
+        /// The remapped capture.
+        aub: Vec<u8>,
+        /// Its listing.
+        listing: String,
+        /// GGTT address fields rewritten, over all submissions.
+        ggtt_rewritten: u64,
+    },
+    /// The capture was refused.
+    Refused {
+        /// Why, in the manifest's terms.
+        refusal: Refusal,
+        /// The library's message.
+        message: String,
+    },
+}
+
+/// A fixture replayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replay {
+    /// Listing of the capture.
+    pub decode: String,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+impl Replay {
+    /// Whether the outcome is the one the manifest expects.
+    #[must_use]
+    pub fn matches(&self, expect: Expect) -> bool {
+        match (&self.outcome, expect) {
+            (Outcome::Remapped { .. }, Expect::Remap) => true,
+            (Outcome::Refused { refusal, .. }, Expect::Refuse(r)) => *refusal == r,
+            _ => false,
+        }
+    }
+
+    /// The outcome in manifest terms (`remap`, or `refuse: <reason>`).
+    #[must_use]
+    pub fn outcome_text(&self) -> String {
+        match &self.outcome {
+            Outcome::Remapped { .. } => "remap".to_owned(),
+            Outcome::Refused { refusal, message } => {
+                format!("refuse ({}): {message}", refusal.name())
+            }
+        }
+    }
+
+    /// The expected files this replay gives (name, bytes), decode first.
+    #[must_use]
+    pub fn expected_files(&self) -> Vec<(String, Vec<u8>)> {
+        let mut v = vec![(
+            "expected-decode.txt".to_owned(),
+            self.decode.clone().into_bytes(),
+        )];
+        match &self.outcome {
+            Outcome::Remapped { aub, listing, .. } => {
+                v.push(("expected-remap.aub".to_owned(), aub.clone()));
+                v.push((
+                    "expected-remap.txt".to_owned(),
+                    listing.clone().into_bytes(),
+                ));
+            }
+            Outcome::Refused { message, .. } => {
+                v.push((
+                    "expected-refusal.txt".to_owned(),
+                    format!("{message}\n").into_bytes(),
+                ));
+            }
+        }
+        v
+    }
+}
+
+fn slices(a: SliceSpec, h: SliceSpec) -> Result<VgpuSlices, String> {
+    let s = |x: SliceSpec| Slice::new(GgttOffset(x.base), x.size).map_err(|e| e.to_string());
+    let v = VgpuSlices {
+        aperture: s(a)?,
+        hidden: s(h)?,
+    };
+    v.validate().map_err(|e| e.to_string())?;
+    Ok(v)
+}
+
+impl Manifest {
+    /// The slice move the manifest names.
+    ///
+    /// # Errors
+    /// [`FixtureError::Manifest`] when the slices are invalid or differ in size.
+    pub fn slice_move(&self) -> Result<SliceMove, FixtureError> {
+        let bad = |reason: String| FixtureError::Manifest { line: 0, reason };
+        let from = slices(self.src_aperture, self.src_hidden).map_err(bad)?;
+        let to = slices(self.dst_aperture, self.dst_hidden).map_err(bad)?;
+        SliceMove::new(from, to).map_err(|e| bad(e.to_string()))
+    }
+}
+
+fn classify_audit(e: &AuditError) -> Refusal {
+    match e {
+        AuditError::OutOfSlice { .. } | AuditError::SurfaceTooLarge { .. } => Refusal::OutOfSlice,
+        _ => Refusal::Forbidden,
+    }
+}
+
+/// The refusal reason of a walk error.
+#[must_use]
+// Wildcards keep this compiling when the parser's (non-exhaustive) error enums grow.
+#[allow(unreachable_patterns, clippy::match_same_arms)]
+pub fn classify_walk(e: &WalkError) -> Refusal {
+    match e {
+        WalkError::Decode {
+            err: DecodeError::Truncated { .. },
+            ..
+        } => Refusal::Truncated,
+        WalkError::Decode { .. } | WalkError::BadRing { .. } | WalkError::Memory(_) => {
+            Refusal::Malformed
+        }
+        WalkError::Budget { .. } => Refusal::Budget,
+        WalkError::Nesting { .. } | WalkError::Rejected { .. } => Refusal::Forbidden,
+        WalkError::Audit { err, .. } => classify_audit(err),
+        WalkError::Remap { err, .. } => match err {
+            RemapError::Decode(DecodeError::Truncated { .. }) => Refusal::Truncated,
+            RemapError::Source(a) => classify_audit(a),
+            RemapError::Destination(_) | RemapError::Overflow { .. } => Refusal::OutOfSlice,
+            _ => Refusal::Malformed,
+        },
+        _ => Refusal::Malformed,
+    }
+}
+
+/// Decode, audit (source slices) and remap (source → destination) a capture as the manifest says.
+///
+/// A remap must also pass the destination audit and migrate back to the original bytes; if it
+/// does not, that is a library fault, reported as [`FixtureError::Outcome`].
+///
+/// # Errors
+/// [`FixtureError`] for a bad manifest or a remap that breaks its guarantees.
+pub fn replay(manifest: &Manifest, capture: &[u8]) -> Result<Replay, FixtureError> {
+    let fault = |reason: String| FixtureError::Outcome {
+        name: manifest.name.clone(),
+        reason,
+    };
+    let mv = manifest.slice_move()?;
+    let gen = Some(manifest.gen);
+    let decode = listing::to_text(&listing::list_capture(capture, gen, REPLAY_BUDGET));
+    let refused = |refusal, message: String| {
+        Ok(Replay {
+            decode: decode.clone(),
+            outcome: Outcome::Refused { refusal, message },
+        })
+    };
+    let cap = match AubCapture::parse(capture) {
+        Ok(c) => c,
+        Err(e) => return refused(Refusal::Aub, e.to_string()),
+    };
+    if cap.gen != gen {
+        return Err(fault(format!(
+            "capture is for {:?}, manifest says {:?}",
+            cap.gen, manifest.gen
+        )));
+    }
+    for (i, s) in cap.submissions.iter().enumerate() {
+        if s.engine != manifest.engine {
+            return Err(fault(format!(
+                "submission {i} runs on {:?}, manifest says {:?}",
+                s.engine, manifest.engine
+            )));
+        }
+        if let Err(e) = audit_walk(
+            manifest.gen,
+            s.engine,
+            &s.memory(&cap.memory),
+            s.ring_span(),
+            REPLAY_BUDGET,
+            &mv.from,
+        ) {
+            return refused(classify_walk(&e), format!("submission {i}: {e}"));
+        }
+    }
+    let moved = match cap.migrate(&mv, REPLAY_BUDGET) {
+        Ok(m) => m,
+        Err(e) => {
+            let r = match &e {
+                AubError::Walk { err, .. } => classify_walk(err),
+                AubError::NotInSlice { .. } | AubError::EntryCollision { .. } => {
+                    Refusal::OutOfSlice
+                }
+                _ => Refusal::Malformed,
+            };
+            return refused(r, e.to_string());
+        }
+    };
+    let mut ggtt_rewritten = 0;
+    for (i, s) in moved.submissions.iter().enumerate() {
+        let rep = audit_walk(
+            manifest.gen,
+            s.engine,
+            &s.memory(&moved.memory),
+            s.ring_span(),
+            REPLAY_BUDGET,
+            &mv.to,
+        )
+        .map_err(|e| {
+            fault(format!(
+                "remapped submission {i} fails the destination audit: {e}"
+            ))
+        })?;
+        ggtt_rewritten += rep.ggtt_uses;
+    }
+    let aub = moved.to_bytes().map_err(|e| fault(e.to_string()))?;
+    let back = moved
+        .migrate(&mv.inverse(), REPLAY_BUDGET)
+        .and_then(|b| b.to_bytes())
+        .map_err(|e| fault(format!("migrating back failed: {e}")))?;
+    if back != capture {
+        return Err(fault(
+            "migrating back does not restore the capture byte for byte".to_owned(),
+        ));
+    }
+    let listing = listing::to_text(&listing::list_capture(&aub, gen, REPLAY_BUDGET));
+    Ok(Replay {
+        decode,
+        outcome: Outcome::Remapped {
+            aub,
+            listing,
+            ggtt_rewritten,
+        },
+    })
+}
+
+/// Every file of a fixture (name, bytes): manifest, capture, and the expected files of its replay.
+///
+/// # Errors
+/// [`FixtureError`] when building fails or the replay's outcome is not the one the spec expects.
+pub fn generate(spec: &FixtureSpec) -> Result<Vec<(String, Vec<u8>)>, FixtureError> {
+    let manifest = spec.manifest();
+    let capture = spec.capture()?;
+    let r = replay(&manifest, &capture)?;
+    if !r.matches(spec.expect) {
+        return Err(FixtureError::Outcome {
+            name: spec.name.to_owned(),
+            reason: format!(
+                "expected {:?}, replay gave {}",
+                spec.expect,
+                r.outcome_text()
+            ),
+        });
+    }
+    let mut files = vec![
+        ("manifest.toml".to_owned(), manifest.to_text().into_bytes()),
+        ("capture.aub".to_owned(), capture),
+    ];
+    files.extend(r.expected_files());
+    Ok(files)
+}
+
+/// What [`check_dir`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckReport {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// The replay.
+    pub replay: Replay,
+}
+
+/// Why a fixture directory does not check out.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The manifest or the replay is unusable.
+    #[error(transparent)]
+    Fixture(#[from] FixtureError),
+    /// The replay differs from the files checked in.
+    #[error("{name}: {}", differences.join("; "))]
+    Differs {
+        /// Fixture name.
+        name: String,
+        /// What differs.
+        differences: Vec<String>,
+    },
+}
+
+/// Replay the fixture in `dir` (or the directory of the manifest `dir` names) and compare the outcome
+/// with its manifest and every expected file with the replay's.
+///
+/// # Errors
+/// [`CheckError::Differs`] listing every difference, or why the fixture could not be replayed.
+pub fn check_dir(dir: &std::path::Path) -> Result<CheckReport, CheckError> {
+    let dir = if dir.is_file() {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|source| CheckError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let manifest = Manifest::parse(&String::from_utf8_lossy(&read("manifest.toml")?))?;
+    let capture = read("capture.aub")?;
+    let r = replay(&manifest, &capture)?;
+    let mut differences = Vec::new();
+    if !r.matches(manifest.expect) {
+        differences.push(format!(
+            "manifest expects {:?}, replay gave {}",
+            manifest.expect,
+            r.outcome_text()
+        ));
+    }
+    for (name, bytes) in r.expected_files() {
+        match std::fs::read(dir.join(&name)) {
+            Ok(disk) if disk == bytes => {}
+            Ok(disk) => differences.push(first_difference(&name, &disk, &bytes)),
+            Err(e) => differences.push(format!("{name}: {e}")),
+        }
+    }
+    if differences.is_empty() {
+        Ok(CheckReport {
+            manifest,
+            replay: r,
+        })
+    } else {
+        Err(CheckError::Differs {
+            name: manifest.name,
+            differences,
+        })
+    }
+}
+
+fn first_difference(name: &str, expected: &[u8], got: &[u8]) -> String {
+    let at = expected
+        .iter()
+        .zip(got)
+        .position(|(a, b)| a != b)
+        .unwrap_or(expected.len().min(got.len()));
+    if name.ends_with(".txt") {
+        let line = expected
+            .get(..at)
+            .map_or(0, |p| p.iter().filter(|&&b| b == b'\n').count())
+            + 1;
+        let show = |b: &[u8]| {
+            String::from_utf8_lossy(b)
+                .lines()
+                .nth(line - 1)
+                .unwrap_or("<end>")
+                .to_owned()
+        };
+        format!(
+            "{name} line {line}: expected {:?}, replay gives {:?}",
+            show(expected),
+            show(got)
+        )
+    } else {
+        format!(
+            "{name} differs from byte 0x{at:x} ({} bytes expected, {} given)",
+            expected.len(),
+            got.len()
+        )
+    }
 }
