@@ -183,6 +183,10 @@ pub fn engine_name(engine: Engine) -> &'static str {
     }
 }
 
+/// First line of every manifest the generator writes (hand-made fixtures have another).
+pub const GENERATED_HEADER: &str =
+    "# gmig fixture manifest (docs/fixtures.md); generated, do not edit by hand\n";
+
 impl Manifest {
     /// Parse `key = value` lines (`#` starts a comment; values may be quoted).
     ///
@@ -266,9 +270,7 @@ impl Manifest {
     /// The manifest as text ([`Manifest::parse`] reads it back).
     #[must_use]
     pub fn to_text(&self) -> String {
-        let mut s = String::from(
-            "# gmig fixture manifest (docs/fixtures.md); generated, do not edit by hand\n",
-        );
+        let mut s = String::from(GENERATED_HEADER);
         let _ = writeln!(s, "name = \"{}\"", self.name);
         let _ = writeln!(s, "gen = {}", gen_name(self.gen));
         let _ = writeln!(s, "engine = \"{}\"", engine_name(self.engine));
