@@ -2246,6 +2246,59 @@ mod tests {
         }
 
         #[test]
+        fn mutated_captures_never_panic(
+            which in 0usize..64,
+            flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        ) {
+            let specs = fixture::specs();
+            let spec = specs[which % specs.len()];
+            let mut bytes = spec.capture().unwrap();
+            for (at, x) in flips {
+                let i = at.index(bytes.len());
+                bytes[i] ^= x | 1;
+            }
+            let small = Budget { max_commands: 512, max_batch_bytes: 1 << 16, max_batches: 8 };
+            let _ = listing::list_capture(&bytes, None, small);
+            let limits = ReadLimits { max_pages: 256, max_submissions: 16, max_registers: 64 };
+            if let Ok(c) = AubCapture::parse_with_limits(&bytes, limits) {
+                let _ = c.migrate(&fixture_move(), small);
+                let _ = c.to_bytes();
+            }
+        }
+
+        #[test]
+        fn migrate_round_trips_and_passes_destination_audit(
+            gen_i in 0usize..3,
+            cmds in prop::collection::vec((0u8..3, any::<bool>(), 0u64..0x10_0000), 1..16),
+        ) {
+            let gen = [Gen::Gen8, Gen::Gen9, Gen::Gen11][gen_i];
+            let mv = fixture_move();
+            let mut batch = Vec::new();
+            for (kind, hidden, off) in cmds {
+                let slice = if hidden { mv.from.hidden } else { mv.from.aperture };
+                let addr = slice.base.0 + 0x10_0000 + off * 8;
+                match kind {
+                    0 => batch.extend(cmd::store_data_imm(addr, true, off as u32)),
+                    1 => batch.extend(cmd::xy_color_blt(addr, 64, 16, 4, 0)),
+                    _ => batch.extend(cmd::flush_dw_write(addr, true, off)),
+                }
+            }
+            batch.push(cmd::MI_BATCH_BUFFER_END);
+            let mut b = CaptureBuilder::new(gen, "prop");
+            b.write_ggtt_dwords(GgttOffset(0x0401_0000), &batch).unwrap();
+            let ring = cmd::bb_start(0x0401_0000, false, false);
+            let spec = RingSpec { ring: GgttOffset(0x0400_0000), ring_size: 4096, commands: &ring, context: GgttOffset(0x0400_1000) };
+            b.submit(Engine::Blitter, &spec).unwrap();
+            let c = b.finish();
+            let m = c.migrate(&mv, Budget::default()).unwrap();
+            for s in &m.submissions {
+                crate::audit_walk(gen, s.engine, &s.memory(&m.memory), s.ring_span(), Budget::default(), &mv.to).unwrap();
+            }
+            prop_assert_ne!(&m, &c);
+            prop_assert_eq!(m.migrate(&mv.inverse(), Budget::default()).unwrap(), c);
+        }
+
+        #[test]
         fn write_read_round_trip(gen_i in 0usize..3, ops in prop::collection::vec(op(), 0..12)) {
             let gen = [Gen::Gen8, Gen::Gen9, Gen::Gen11][gen_i];
             let mut b = CaptureBuilder::new(gen, "proptest");

@@ -66,6 +66,10 @@ pub const LISTING_BUDGET: Budget = Budget {
     max_batches: 256,
 };
 
+/// Most commands [`list_capture`] lists over all submissions together, so that a small hostile
+/// capture (many submissions of a self-looping batch) cannot make a listing endless.
+pub const MAX_LISTED_COMMANDS: u64 = 1 << 22;
+
 /// List a capture: every submission, walked through the memory as it stood when it was submitted.
 /// `gen` overrides the capture's generation (and stands in when the capture names none). Errors
 /// end the listing (capture errors) or the submission (walk errors) with an [`ListingItem::Error`].
@@ -74,6 +78,7 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
     let mut items = Vec::new();
     let mut reader = AubReader::new(bytes);
     let mut index = 0usize;
+    let mut left = MAX_LISTED_COMMANDS;
     loop {
         match reader.next_event() {
             Ok(None) => break,
@@ -99,14 +104,27 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                     index += 1;
                     continue;
                 };
+                if left == 0 {
+                    items.push(ListingItem::Error {
+                        submission: Some(index),
+                        message: format!(
+                            "listing stopped: {MAX_LISTED_COMMANDS} commands listed in all"
+                        ),
+                    });
+                    break;
+                }
                 let mem = submission.memory(reader.image());
                 let mut lines = Vec::new();
+                let walk_budget = Budget {
+                    max_commands: budget.max_commands.min(left),
+                    ..budget
+                };
                 let r = walk(
                     gen,
                     submission.engine,
                     &mem,
                     submission.ring_span(),
-                    budget,
+                    walk_budget,
                     &mut |w| {
                         lines.push(CommandLine {
                             submission: Some(index),
@@ -121,6 +139,7 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                         Ok(())
                     },
                 );
+                left = left.saturating_sub(lines.len() as u64);
                 items.extend(lines.into_iter().map(ListingItem::Command));
                 if let Err(e) = r {
                     items.push(ListingItem::Error {
