@@ -15,8 +15,10 @@
 //! | 0x03 | `REGISTER_WRITE` | register, size and space, mask lo, mask hi, value |
 //! | 0x02 | `REGISTER_POLL` | register, size and space, mask lo, mask hi, value |
 //!
-//! Other memtrace packets (comments, memory polls, frame markers …) are skipped and reported as
-//! [`AubEvent::Skipped`]. Classic (pre-execlist) AUB packets, opcode 1, are refused.
+//! Memtrace packets that change nothing (comments, memory polls and compares, frame markers …) are
+//! skipped and reported as [`AubEvent::Skipped`]; the discontiguous memory write (0x0b) and unknown
+//! sub-opcodes are refused, since skipping a write would leave a wrong image. Classic (pre-execlist)
+//! AUB packets, opcode 1, are refused.
 //!
 //! A `MEMORY_WRITE` goes to one of three address spaces: the global GTT (0; translated through the
 //! GGTT entries written so far), physical memory (2 << 28), or the GGTT page table itself (4 << 28;
@@ -329,6 +331,14 @@ pub enum AubError {
         len: u32,
         /// Data bytes present.
         room: u32,
+    },
+    /// A memtrace packet this reader does not model and cannot safely skip (it may write memory).
+    #[error("byte 0x{offset:x}: unsupported memtrace packet 0x{dw0:08x} (sub-opcode 0x{:02x})", (dw0 >> 16) & 0x7f)]
+    UnsupportedPacket {
+        /// Offset of the packet.
+        offset: usize,
+        /// DW0.
+        dw0: u32,
     },
     /// A memory write to an address space this reader does not model.
     #[error(
@@ -962,7 +972,7 @@ pub enum AubEvent {
         /// The submission.
         submission: Submission,
     },
-    /// A memtrace packet this reader does not interpret (comments, polls of memory, markers).
+    /// A memtrace packet that changes nothing (comments, polls of memory, markers).
     Skipped {
         /// Byte offset of the packet.
         offset: usize,
@@ -1201,7 +1211,24 @@ impl<'a> AubReader<'a> {
                     value: at(5),
                 }
             }
-            _ => AubEvent::Skipped { offset, dw0 },
+            // Version (old), register/memory compare, memory poll, frame begin, comment, delay,
+            // memory dump, test-phase marker, continuous region, predicate, dump compress: none
+            // changes memory, registers or submissions.
+            0x00
+            | 0x01
+            | 0x04
+            | 0x05
+            | 0x07
+            | subop::COMMENT
+            | 0x09
+            | 0x0a
+            | 0x0c
+            | 0x0d
+            | 0x0f
+            | 0x10 => AubEvent::Skipped { offset, dw0 },
+            // MEMORY_WRITE_DISCONTIGUOUS (0x0b) and anything unknown might change memory: refusing
+            // is sound, skipping is not.
+            _ => return Err(AubError::UnsupportedPacket { offset, dw0 }),
         };
         Ok(Some(ev))
     }
@@ -1934,6 +1961,35 @@ mod tests {
             AubCapture::parse(&legacy),
             Err(AubError::LegacyPacket { offset: 0, .. })
         ));
+    }
+
+    #[test]
+    fn harmless_packets_are_skipped_and_discontiguous_writes_refused() {
+        let base = AubWriter::new(Gen::Gen9, "x").finish();
+        let packet = |sub: u32| {
+            let mut b = base.clone();
+            b.extend_from_slice(&header(sub, 3).to_le_bytes());
+            b.extend_from_slice(&[0x41; 8]);
+            b
+        };
+        let bytes = packet(subop::COMMENT);
+        let mut r = AubReader::new(&bytes);
+        assert!(matches!(r.next_event(), Ok(Some(AubEvent::Version { .. }))));
+        assert_eq!(
+            r.next_event(),
+            Ok(Some(AubEvent::Skipped {
+                offset: base.len(),
+                dw0: header(subop::COMMENT, 3)
+            }))
+        );
+        assert_eq!(r.next_event(), Ok(None));
+        assert_eq!(
+            AubCapture::parse(&packet(0x0b)),
+            Err(AubError::UnsupportedPacket {
+                offset: base.len(),
+                dw0: header(0x0b, 3)
+            })
+        );
     }
 
     #[test]
