@@ -144,6 +144,10 @@ pub struct AddressUse {
     pub len: u64,
     /// Whether `len` is a real bound (false: only `start` is known).
     pub bounded: bool,
+    /// Width of the field.
+    pub width: Width,
+    /// Lowest address bit of the field (bits below it belong to other fields).
+    pub lo: u8,
 }
 
 /// One decoded command, borrowing its dwords from the buffer.
@@ -296,6 +300,8 @@ fn address_use(
         start,
         len,
         bounded,
+        width: f.width,
+        lo: f.lo,
     }
 }
 

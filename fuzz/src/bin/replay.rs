@@ -13,7 +13,12 @@ fn xorshift(s: &mut u64) -> u64 {
 
 fn random_input(s: &mut u64) -> Vec<u8> {
     let n = (xorshift(s) % 1200) as usize;
-    let mut v = vec![(xorshift(s) % 36) as u8, xorshift(s) as u8, xorshift(s) as u8, xorshift(s) as u8];
+    let mut v = vec![
+        (xorshift(s) % 36) as u8,
+        xorshift(s) as u8,
+        xorshift(s) as u8,
+        xorshift(s) as u8,
+    ];
     let rows = all_commands();
     while v.len() < n {
         let r = xorshift(s);
@@ -35,13 +40,19 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--random") {
         let n: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
-        let mut seed: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
+        let mut seed: u64 = args
+            .get(2)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0x9e37_79b9_7f4a_7c15);
         let t = std::time::Instant::now();
         for _ in 0..n {
             let input = random_input(&mut seed);
             gmig_cmdparser_fuzz::run(&input);
         }
-        println!("{n} random inputs, no crash, {:.1}s", t.elapsed().as_secs_f64());
+        println!(
+            "{n} random inputs, no crash, {:.1}s",
+            t.elapsed().as_secs_f64()
+        );
         return;
     }
     let mut count = 0;
