@@ -44,6 +44,13 @@
 //!
 //! The reader is total: any input gives events or a typed [`AubError`] naming the byte offset of the
 //! offending packet, and memory grows only up to the bounds in [`ReadLimits`].
+//!
+//! [`AubCapture::migrate`] gives a capture as it is after its vGPU moved between slice layouts
+//! (commands remapped, contexts and GGTT entries rebased); migrating back restores it.
+//!
+//! Submodules: [`cmd`] encodes commands as raw dwords; [`listing`] makes the aubinator-like listings
+//! `gmig decode` prints; [`fixture`] holds the fixture set, its generator and its replay (see
+//! `docs/fixtures.md`).
 
 use std::collections::BTreeMap;
 
