@@ -72,22 +72,27 @@ pub enum EngineArg {
 
 #[derive(Debug, Args)]
 pub struct DecodeArgs {
-    /// AUB capture, or raw little-endian dwords with --raw.
+    /// AUB capture (GEN8+, as Mesa's intel_dump_gpu writes it), or raw little-endian dwords with
+    /// --raw.
     pub file: PathBuf,
-    /// Treat FILE as raw little-endian dwords rather than an AUB capture.
+    /// Treat FILE as raw little-endian dwords (a privileged ring-level buffer) rather than an AUB
+    /// capture.
     #[arg(long)]
     pub raw: bool,
-    /// Engine the raw dwords run on (with --raw).
-    #[arg(long, value_enum, default_value = "render")]
-    pub engine: EngineArg,
-    /// GEN generation of the raw dwords (with --raw).
-    #[arg(long = "gen", value_enum, default_value = "9")]
-    pub generation: GenArg,
+    /// Engine the raw dwords run on (with --raw; default render). For an AUB capture, only list
+    /// the submissions to this engine.
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineArg>,
+    /// GEN generation (with --raw, default 9; for an AUB capture it overrides the generation the
+    /// capture names).
+    #[arg(long = "gen", value_enum)]
+    pub generation: Option<GenArg>,
 }
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
-    /// Fixture to replay: a directory (or its manifest) under fixtures/.
+    /// Fixture to replay: a directory under fixtures/ (or its manifest.toml), or a directory of
+    /// fixtures to replay them all.
     pub fixture: PathBuf,
 }
 

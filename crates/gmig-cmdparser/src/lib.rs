@@ -52,6 +52,7 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+pub mod aub;
 pub mod audit;
 pub mod build;
 pub mod decode;

@@ -1,0 +1,286 @@
+//! Aubinator-like listings: for each submission of a capture (or for a raw buffer of dwords), every
+//! command in execution order with where it lives, its name and length, and each address it uses
+//! with its space. `gmig decode` prints these, and the fixtures' expected decodes are these.
+
+use std::fmt::Write as _;
+
+use super::{AubEvent, AubReader, RingState, Submission};
+use crate::{
+    walk, Access, AddressSpace, AddressUse, BatchContext, BatchLevel, Budget, Decoder, Engine, Gen,
+};
+
+/// One command of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandLine {
+    /// Index of the submission it ran in (`None` for a raw buffer).
+    pub submission: Option<usize>,
+    /// Ring, first- or second-level batch.
+    pub level: BatchLevel,
+    /// Space the command was fetched through.
+    pub space: AddressSpace,
+    /// Address of DW0 (for a raw buffer: its byte offset).
+    pub addr: u64,
+    /// Dword offset of DW0 from the start of its buffer (ring head or batch start).
+    pub offset: usize,
+    /// Command name.
+    pub name: &'static str,
+    /// Length in dwords.
+    pub dwords: usize,
+    /// Addresses it uses.
+    pub addresses: Vec<AddressUse>,
+}
+
+/// An item of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListingItem {
+    /// The capture's header.
+    Header {
+        /// Generation, if the capture names a known device.
+        gen: Option<Gen>,
+        /// Application name.
+        app_name: String,
+    },
+    /// A submission starts.
+    Submission {
+        /// Its index.
+        index: usize,
+        /// The submission.
+        submission: Submission,
+    },
+    /// A command.
+    Command(CommandLine),
+    /// Decoding stopped (the capture, or the walk of one submission).
+    Error {
+        /// Submission whose walk failed, or `None` for the capture or a raw buffer.
+        submission: Option<usize>,
+        /// Why.
+        message: String,
+    },
+}
+
+/// The budget listings walk with: enough for any real submission, small enough that a self-looping
+/// batch ends quickly.
+pub const LISTING_BUDGET: Budget = Budget {
+    max_commands: 1 << 16,
+    max_batch_bytes: 16 << 20,
+    max_batches: 256,
+};
+
+/// Most commands [`list_capture`] lists over all submissions together, so that a small hostile
+/// capture (many submissions of a self-looping batch) cannot make a listing endless.
+pub const MAX_LISTED_COMMANDS: u64 = 1 << 22;
+
+/// List a capture: every submission, walked through the memory as it stood when it was submitted.
+/// `gen` overrides the capture's generation (and stands in when the capture names none). Errors
+/// end the listing (capture errors) or the submission (walk errors) with an [`ListingItem::Error`].
+#[must_use]
+pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<ListingItem> {
+    let mut items = Vec::new();
+    let mut reader = AubReader::new(bytes);
+    let mut index = 0usize;
+    let mut left = MAX_LISTED_COMMANDS;
+    loop {
+        match reader.next_event() {
+            Ok(None) => break,
+            Err(e) => {
+                items.push(ListingItem::Error {
+                    submission: None,
+                    message: e.to_string(),
+                });
+                break;
+            }
+            Ok(Some(AubEvent::Version {
+                gen: g, app_name, ..
+            })) => {
+                items.push(ListingItem::Header { gen: g, app_name });
+            }
+            Ok(Some(AubEvent::Submit { submission, .. })) => {
+                items.push(ListingItem::Submission { index, submission });
+                let Some(gen) = gen.or(reader.capture().gen) else {
+                    items.push(ListingItem::Error {
+                        submission: Some(index),
+                        message: "the capture names no known generation; give one".to_owned(),
+                    });
+                    index += 1;
+                    continue;
+                };
+                if left == 0 {
+                    items.push(ListingItem::Error {
+                        submission: Some(index),
+                        message: format!(
+                            "listing stopped: {MAX_LISTED_COMMANDS} commands listed in all"
+                        ),
+                    });
+                    break;
+                }
+                let mem = submission.memory(reader.image());
+                let mut lines = Vec::new();
+                let walk_budget = Budget {
+                    max_commands: budget.max_commands.min(left),
+                    ..budget
+                };
+                let r = walk(
+                    gen,
+                    submission.engine,
+                    &mem,
+                    submission.ring_span(),
+                    walk_budget,
+                    &mut |w| {
+                        lines.push(CommandLine {
+                            submission: Some(index),
+                            level: w.ctx.level,
+                            space: w.space,
+                            addr: w.addr,
+                            offset: w.cmd.offset,
+                            name: w.cmd.desc.name,
+                            dwords: w.cmd.len(),
+                            addresses: w.cmd.addresses(&w.ctx).collect(),
+                        });
+                        Ok(())
+                    },
+                );
+                left = left.saturating_sub(lines.len() as u64);
+                items.extend(lines.into_iter().map(ListingItem::Command));
+                if let Err(e) = r {
+                    items.push(ListingItem::Error {
+                        submission: Some(index),
+                        message: e.to_string(),
+                    });
+                }
+                index += 1;
+            }
+            Ok(Some(_)) => {}
+        }
+    }
+    items
+}
+
+/// List a raw buffer of dwords as a privileged ring-level buffer would run (no batches followed).
+#[must_use]
+pub fn list_raw(gen: Gen, engine: Engine, dwords: &[u32]) -> Vec<ListingItem> {
+    let ctx = BatchContext::RING;
+    let mut items = Vec::new();
+    let mut d = Decoder::new(gen, engine, dwords);
+    loop {
+        match d.next() {
+            Ok(Some(cmd)) => items.push(ListingItem::Command(CommandLine {
+                submission: None,
+                level: BatchLevel::Ring,
+                space: AddressSpace::Ggtt,
+                addr: (cmd.offset as u64) * 4,
+                offset: cmd.offset,
+                name: cmd.desc.name,
+                dwords: cmd.len(),
+                addresses: cmd.addresses(&ctx).collect(),
+            })),
+            Ok(None) => break,
+            Err(e) => {
+                items.push(ListingItem::Error {
+                    submission: None,
+                    message: e.to_string(),
+                });
+                break;
+            }
+        }
+    }
+    items
+}
+
+/// Lower-case name of a batch level.
+#[must_use]
+pub fn level_name(level: BatchLevel) -> &'static str {
+    match level {
+        BatchLevel::Ring => "ring",
+        BatchLevel::First => "batch1",
+        BatchLevel::Second => "batch2",
+    }
+}
+
+/// Lower-case name of an access.
+#[must_use]
+pub fn access_name(access: Access) -> &'static str {
+    match access {
+        Access::Read => "read",
+        Access::Write => "write",
+        Access::ReadWrite => "read-write",
+    }
+}
+
+fn engine_name(engine: Engine) -> &'static str {
+    super::fixture::engine_name(engine)
+}
+
+fn ring_text(r: &RingState) -> String {
+    format!(
+        "ring ggtt 0x{:08x} size 0x{:x} head 0x{:x} tail 0x{:x}",
+        r.start.0, r.size, r.head, r.tail
+    )
+}
+
+/// The listing as text, one line per header, submission, command, address and error.
+#[must_use]
+pub fn to_text(items: &[ListingItem]) -> String {
+    let mut s = String::new();
+    for item in items {
+        match item {
+            ListingItem::Header { gen, app_name } => {
+                let g = gen.map_or("unknown", super::fixture::gen_name);
+                let _ = writeln!(s, "capture: gen {g}, application {app_name:?}");
+            }
+            ListingItem::Submission {
+                index,
+                submission: sub,
+            } => {
+                let _ = writeln!(
+                    s,
+                    "submission {index}: engine {}, descriptor 0x{:016x}, context ggtt 0x{:08x}, {}, pml4 phys 0x{:x}",
+                    engine_name(sub.engine),
+                    sub.descriptor,
+                    sub.lrca.0,
+                    ring_text(&sub.ring),
+                    sub.pml4
+                );
+            }
+            ListingItem::Command(c) => {
+                let _ = writeln!(
+                    s,
+                    "  {:<5} 0x{:012x}  {:<6} +0x{:04x}  {} ({} dwords)",
+                    c.space.to_string(),
+                    c.addr,
+                    level_name(c.level),
+                    c.offset * 4,
+                    c.name,
+                    c.dwords
+                );
+                for u in &c.addresses {
+                    let range = if u.bounded {
+                        format!("0x{:x}+0x{:x}", u.start, u.len)
+                    } else {
+                        format!("0x{:x}+?", u.start)
+                    };
+                    let _ = writeln!(
+                        s,
+                        "      dw{:<2} {:<12} {:<5} 0x{:012x}  {:<10} {range}",
+                        u.dword,
+                        u.name,
+                        u.space.to_string(),
+                        u.addr,
+                        access_name(u.access)
+                    );
+                }
+            }
+            ListingItem::Error {
+                submission,
+                message,
+            } => match submission {
+                Some(i) => {
+                    let _ = writeln!(s, "error: submission {i}: {message}");
+                }
+                None => {
+                    let _ = writeln!(s, "error: {message}");
+                }
+            },
+        }
+    }
+    s
+}
