@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use vm_memory::GuestAddress;
 
-pub use crate::addr::{GgttOffset, Slice, SliceMove, VgpuSlices};
+pub use gmig_cmdparser::{Gen, GgttOffset, Slice, SliceMove, VgpuSlices};
 
 /// Size of one GTT page (one GGTT entry maps one such page).
 pub const PAGE_SIZE: u64 = 4096;

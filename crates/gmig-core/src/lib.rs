@@ -12,5 +12,9 @@
 //! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
 #![warn(missing_docs)]
 
-pub mod addr;
+pub mod exec;
+pub mod gtt;
+pub mod mmio;
+pub mod shadow;
+pub mod vgpu;
 pub mod gm;
