@@ -12,9 +12,11 @@
 //! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod exec;
 pub mod gtt;
 pub mod mmio;
 pub mod shadow;
 pub mod vgpu;
+pub mod workload;
 pub mod gm;
