@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::gm::{GgttOffset, SliceMove, VgpuSlices};
 use crate::gtt::{Ggtt, GgttState, GuestRam};
 use crate::mmio;
-use crate::vgpu::{EngineState, ExecStats, GpuFault, Vgpu, VgpuConfig, WriteLog, Workload};
+use crate::vgpu::{EngineState, ExecStats, GpuFault, Vgpu, VgpuConfig, Workload, WriteLog};
 
 /// Envelope magic.
 pub const STATE_MAGIC: [u8; 8] = *b"GMIGVGPU";
@@ -148,7 +148,10 @@ impl VgpuState {
 
     /// Decodes an envelope.
     pub fn from_bytes(bytes: &[u8]) -> Result<VgpuState> {
-        let header = bytes.get(..HEADER_LEN).ok_or(CheckpointError::Truncated { got: bytes.len(), need: HEADER_LEN })?;
+        let header = bytes.get(..HEADER_LEN).ok_or(CheckpointError::Truncated {
+            got: bytes.len(),
+            need: HEADER_LEN,
+        })?;
         let mut magic = [0u8; 8];
         magic.copy_from_slice(&header[..8]);
         if magic != STATE_MAGIC {
@@ -164,7 +167,12 @@ impl VgpuState {
         }
         let stored = u32::from_le_bytes([header[16], header[17], header[18], header[19]]);
         let need = HEADER_LEN + len;
-        let body = bytes.get(HEADER_LEN..need).ok_or(CheckpointError::Truncated { got: bytes.len(), need })?;
+        let body = bytes
+            .get(HEADER_LEN..need)
+            .ok_or(CheckpointError::Truncated {
+                got: bytes.len(),
+                need,
+            })?;
         let computed = crc32fast::hash(body);
         if computed != stored {
             return Err(CheckpointError::BadCrc { stored, computed });
@@ -198,18 +206,27 @@ impl Vgpu {
 
     /// Rebuilds a vGPU from `state` on guest RAM `mem` (already holding the guest's pages), living
     /// in `dest` slices on this host.
-    pub fn restore(state: &VgpuState, mem: GuestRam, dest: VgpuSlices, opts: RestoreOptions) -> Result<Vgpu> {
+    pub fn restore(
+        state: &VgpuState,
+        mem: GuestRam,
+        dest: VgpuSlices,
+        opts: RestoreOptions,
+    ) -> Result<Vgpu> {
         let ty = state.cfg.ty;
         for s in [&state.host, &state.guest_view, &dest] {
             if s.aperture.size != ty.aperture_size() || s.hidden.size != ty.hidden_size() {
-                return Err(CheckpointError::Mismatch("slice sizes differ from the vGPU type"));
+                return Err(CheckpointError::Mismatch(
+                    "slice sizes differ from the vGPU type",
+                ));
             }
         }
         if state.engines.len() != 4 {
             return Err(CheckpointError::Mismatch("engine count"));
         }
-        let ggtt = Ggtt::load(&dest, &state.ggtt).ok_or(CheckpointError::Mismatch("GGTT table size"))?;
-        let mv = SliceMove::new(state.host, dest).map_err(|e| CheckpointError::Remap(e.to_string()))?;
+        let ggtt =
+            Ggtt::load(&dest, &state.ggtt).ok_or(CheckpointError::Mismatch("GGTT table size"))?;
+        let mv =
+            SliceMove::new(state.host, dest).map_err(|e| CheckpointError::Remap(e.to_string()))?;
         let remap = state.remap && opts.remap;
         let mut engines: [EngineState; 4] = Default::default();
         for (dst, src) in engines.iter_mut().zip(&state.engines) {
@@ -239,9 +256,9 @@ impl Vgpu {
             let v = match mmio::address_register(state.cfg.fence_num, reg) {
                 Some(mask) if remap && value != 0 => {
                     let addr = u64::from(value & mask);
-                    let h = mv
-                        .rebase(GgttOffset(addr))
-                        .ok_or_else(|| CheckpointError::Remap(format!("register {reg:#x} = {value:#x}")))?;
+                    let h = mv.rebase(GgttOffset(addr)).ok_or_else(|| {
+                        CheckpointError::Remap(format!("register {reg:#x} = {value:#x}"))
+                    })?;
                     (h.0 as u32 & mask) | (value & !mask)
                 }
                 _ => value,
@@ -252,16 +269,169 @@ impl Vgpu {
         for w in &state.queue {
             let mut w = w.clone();
             if remap {
-                w.lrca = mv
-                    .rebase(w.lrca)
-                    .ok_or_else(|| CheckpointError::Remap(format!("context image {:#x}", w.lrca.0)))?;
+                w.lrca = mv.rebase(w.lrca).ok_or_else(|| {
+                    CheckpointError::Remap(format!("context image {:#x}", w.lrca.0))
+                })?;
                 for c in &mut w.commands {
-                    crate::shadow::remap_command(state.cfg.gen, w.engine, c, &mv)
-                        .map_err(|e| CheckpointError::Remap(format!("workload {} at {:#x}: {e}", w.seq, c.guest_addr)))?;
+                    crate::shadow::remap_command(state.cfg.gen, w.engine, c, &mv).map_err(|e| {
+                        CheckpointError::Remap(format!(
+                            "workload {} at {:#x}: {e}",
+                            w.seq, c.guest_addr
+                        ))
+                    })?;
                 }
             }
             vgpu.queue.push_back(w);
         }
         Ok(vgpu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gm::{HostConfig, PartitionManager, VgpuType};
+    use crate::gtt::{copy_guest_ram, new_guest_ram};
+    use crate::vgpu::VgpuConfig;
+    use crate::workload::{GuestDriver, Profile, WorkloadConfig};
+    use proptest::prelude::*;
+
+    fn busy_vgpu() -> Vgpu {
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
+        let mut v = Vgpu::new(
+            VgpuConfig::new(VgpuType::V5_8, 1),
+            s,
+            new_guest_ram(16 << 20).unwrap(),
+        )
+        .unwrap();
+        let mut d =
+            GuestDriver::boot(&mut v, Profile::Desktop, WorkloadConfig::small(), 3).unwrap();
+        d.run_frames(&mut v, 1).unwrap();
+        d.submit_frame(&mut v).unwrap();
+        v.pause(0);
+        v
+    }
+
+    #[test]
+    fn envelope_round_trips() {
+        let v = busy_vgpu();
+        let state = v.save();
+        assert!(!state.queue.is_empty());
+        let bytes = state.to_bytes();
+        assert_eq!(&bytes[..8], b"GMIGVGPU");
+        assert_eq!(VgpuState::from_bytes(&bytes).unwrap(), state);
+    }
+
+    #[test]
+    fn envelope_rejects_bad_input() {
+        let bytes = busy_vgpu().save().to_bytes();
+        let mut b = bytes.clone();
+        b[0] ^= 1;
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::BadMagic(_))
+        ));
+        let mut b = bytes.clone();
+        b[8] = 2;
+        assert_eq!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::UnsupportedVersion(2))
+        );
+        let mut b = bytes.clone();
+        let last = b.len() - 1;
+        b[last] ^= 0x40;
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::BadCrc { .. })
+        ));
+        assert!(matches!(
+            VgpuState::from_bytes(&bytes[..bytes.len() - 1]),
+            Err(CheckpointError::Truncated { .. })
+        ));
+        assert!(matches!(
+            VgpuState::from_bytes(&bytes[..4]),
+            Err(CheckpointError::Truncated { .. })
+        ));
+        let mut b = bytes.clone();
+        b[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::TooLarge(_))
+        ));
+        // A body that passes the CRC but does not decode.
+        let mut b = bytes[..HEADER_LEN].to_vec();
+        let body = [0xffu8; 9];
+        b[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        b[16..20].copy_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        b.extend_from_slice(&body);
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn restore_refuses_the_wrong_type() {
+        let v = busy_vgpu();
+        let state = v.save();
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, other) = pm.place(VgpuType::V5_4).unwrap();
+        let ram = copy_guest_ram(v.guest_memory()).unwrap();
+        assert!(matches!(
+            Vgpu::restore(&state, ram, other, RestoreOptions::default()),
+            Err(CheckpointError::Mismatch(_))
+        ));
+    }
+
+    #[test]
+    fn restore_rebases_queued_commands_and_shadow_registers() {
+        let v = busy_vgpu();
+        let state = v.save();
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        pm.place(VgpuType::V5_2).unwrap();
+        let (_, dest) = pm
+            .place_avoiding(VgpuType::V5_8, Some(&v.host_slices()))
+            .unwrap();
+        let ram = copy_guest_ram(v.guest_memory()).unwrap();
+        let w = Vgpu::restore(&state, ram, dest, RestoreOptions::default()).unwrap();
+        let mv = SliceMove::new(v.host_slices(), dest).unwrap();
+        let after = w.save();
+        for (a, b) in state.queue.iter().zip(&after.queue) {
+            assert_eq!(mv.rebase(a.lrca), Some(b.lrca));
+            assert_ne!(a.commands, b.commands, "GGTT addresses in the shadow moved");
+            // And back again gives the original.
+            let mut back = b.clone();
+            for c in &mut back.commands {
+                crate::shadow::remap_command(state.cfg.gen, b.engine, c, &mv.inverse()).unwrap();
+            }
+            assert_eq!(back.commands, a.commands);
+        }
+        let plane = mmio::PLANE_SURF[0];
+        let before = v.shadow_reg(plane).unwrap();
+        assert_eq!(
+            w.shadow_reg(plane).map(u64::from),
+            mv.rebase(GgttOffset(u64::from(before))).map(|g| g.0)
+        );
+        assert_eq!(
+            w.mmio_read32(plane).unwrap(),
+            v.mmio_read32(plane).unwrap(),
+            "guest view unchanged"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn corrupted_checkpoints_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8), cut in any::<usize>()) {
+            let bytes = busy_vgpu().save().to_bytes();
+            let mut b = bytes.clone();
+            for (i, x) in flips {
+                let n = b.len();
+                b[i % n] ^= x;
+            }
+            b.truncate(cut % (bytes.len() + 1));
+            let _ = VgpuState::from_bytes(&b);
+        }
     }
 }

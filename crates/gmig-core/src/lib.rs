@@ -14,9 +14,9 @@
 
 pub mod checkpoint;
 pub mod exec;
+pub mod gm;
 pub mod gtt;
 pub mod mmio;
 pub mod shadow;
 pub mod vgpu;
 pub mod workload;
-pub mod gm;

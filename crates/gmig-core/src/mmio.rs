@@ -15,6 +15,10 @@ pub const VGT_MAGIC: u64 = 0x4776_5447_7654_4776;
 pub const VGT_VERSION_MAJOR: u16 = 1;
 /// `VGT_VERSION_MINOR`.
 pub const VGT_VERSION_MINOR: u16 = 0;
+/// `VGT_G2V_PPGTT_L4_PAGE_TABLE_CREATE`.
+pub const VGT_G2V_PPGTT_L4_PAGE_TABLE_CREATE: u32 = 4;
+/// `VGT_G2V_PPGTT_L4_PAGE_TABLE_DESTROY`.
+pub const VGT_G2V_PPGTT_L4_PAGE_TABLE_DESTROY: u32 = 5;
 /// `VGT_CAPS_FULL_PPGTT`.
 pub const VGT_CAPS_FULL_PPGTT: u32 = 1 << 2;
 /// `VGT_CAPS_HWSP_EMULATION`.
@@ -141,7 +145,12 @@ pub enum EngineId {
 
 impl EngineId {
     /// Every engine.
-    pub const ALL: [EngineId; 4] = [EngineId::Render, EngineId::Blitter, EngineId::Video, EngineId::VideoEnhance];
+    pub const ALL: [EngineId; 4] = [
+        EngineId::Render,
+        EngineId::Blitter,
+        EngineId::Video,
+        EngineId::VideoEnhance,
+    ];
 
     /// Index 0..4.
     pub fn index(self) -> usize {

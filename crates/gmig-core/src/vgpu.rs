@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 
-use gmig_cmdparser::{BatchContext, Gen, GgttOffset, SliceMove, VgpuSlices};
 use crate::gm::{Gfn, VgpuType, PAGE_SIZE};
 use crate::gtt::{ppgtt_frames, Ggtt, GpuView, GttError, GuestRam, Space};
 use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
+use gmig_cmdparser::{BatchContext, Gen, GgttOffset, SliceMove, VgpuSlices};
 
 /// Errors of the vGPU device model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,7 +65,12 @@ pub struct VgpuConfig {
 impl VgpuConfig {
     /// A GEN9 vGPU of type `ty` with four fences.
     pub fn new(ty: VgpuType, vgt_id: u32) -> VgpuConfig {
-        VgpuConfig { gen: Gen::Gen9, ty, fence_num: 4, vgt_id }
+        VgpuConfig {
+            gen: Gen::Gen9,
+            ty,
+            fence_num: 4,
+            vgt_id,
+        }
     }
 }
 
@@ -231,7 +236,9 @@ pub struct Vgpu {
 impl Vgpu {
     /// A fresh vGPU living in `slices` (which the guest will also see), on guest RAM `mem`.
     pub fn new(cfg: VgpuConfig, slices: VgpuSlices, mem: GuestRam) -> Result<Vgpu> {
-        if slices.aperture.size != cfg.ty.aperture_size() || slices.hidden.size != cfg.ty.hidden_size() {
+        if slices.aperture.size != cfg.ty.aperture_size()
+            || slices.hidden.size != cfg.ty.hidden_size()
+        {
             return Err(VgpuError::SliceMismatch(cfg.ty.name()));
         }
         Ok(Vgpu {
@@ -302,18 +309,31 @@ impl Vgpu {
 
     /// The move from guest-view GGTT offsets to host ones.
     pub(crate) fn guest_to_host(&self) -> SliceMove {
-        SliceMove { from: self.guest_view, to: self.host }
+        SliceMove {
+            from: self.guest_view,
+            to: self.host,
+        }
     }
 
     /// The GPU's view of memory (host slices), with the given PPGTT root.
     pub fn host_view(&self, pml4: Option<u64>) -> GpuView<'_> {
-        GpuView { ggtt: &self.ggtt, slices: self.host, mem: &self.mem, pml4 }
+        GpuView {
+            ggtt: &self.ggtt,
+            slices: self.host,
+            mem: &self.mem,
+            pml4,
+        }
     }
 
     /// The guest's view of graphics memory (its own GGTT offsets), as the driver and the command
     /// walk before shadowing see it.
     pub fn guest_gpu_view(&self, pml4: Option<u64>) -> GpuView<'_> {
-        GpuView { ggtt: &self.ggtt, slices: self.guest_view, mem: &self.mem, pml4 }
+        GpuView {
+            ggtt: &self.ggtt,
+            slices: self.guest_view,
+            mem: &self.mem,
+            pml4,
+        }
     }
 
     // ---- MMIO ----
@@ -325,9 +345,14 @@ impl Vgpu {
         }
         if offset >= mmio::GTT_MMIO_BASE {
             let entry = self.gtt_mmio_entry(offset & !7);
-            return Ok(if offset % 8 == 0 { entry as u32 } else { (entry >> 32) as u32 });
+            return Ok(if offset % 8 == 0 {
+                entry as u32
+            } else {
+                (entry >> 32) as u32
+            });
         }
-        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset) {
+        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
+        {
             return Ok(self.pvinfo_read(offset - mmio::VGT_PVINFO_PAGE));
         }
         Ok(self.vregs.get(&offset).copied().unwrap_or(0))
@@ -336,13 +361,19 @@ impl Vgpu {
     /// A 64-bit MMIO read (GGTT entries, the magic).
     pub fn mmio_read64(&self, offset: u32) -> Result<u64> {
         let lo = self.mmio_read32(offset)?;
-        let hi = self.mmio_read32(offset.checked_add(4).ok_or(VgpuError::BadMmio { offset, len: 8 })?)?;
+        let hi = self.mmio_read32(
+            offset
+                .checked_add(4)
+                .ok_or(VgpuError::BadMmio { offset, len: 8 })?,
+        )?;
         Ok(u64::from(lo) | (u64::from(hi) << 32))
     }
 
     fn gtt_mmio_entry(&self, offset: u32) -> u64 {
         let page = u64::from(offset - mmio::GTT_MMIO_BASE) / 8;
-        self.ggtt.entry(&self.guest_view, GgttOffset(page * PAGE_SIZE)).unwrap_or(0)
+        self.ggtt
+            .entry(&self.guest_view, GgttOffset(page * PAGE_SIZE))
+            .unwrap_or(0)
     }
 
     fn pvinfo_read(&self, rel: u32) -> u32 {
@@ -350,7 +381,9 @@ impl Vgpu {
         match rel {
             pvinfo::MAGIC => mmio::VGT_MAGIC as u32,
             0x04 => (mmio::VGT_MAGIC >> 32) as u32,
-            pvinfo::VERSION_MAJOR => u32::from(mmio::VGT_VERSION_MAJOR) | (u32::from(mmio::VGT_VERSION_MINOR) << 16),
+            pvinfo::VERSION_MAJOR => {
+                u32::from(mmio::VGT_VERSION_MAJOR) | (u32::from(mmio::VGT_VERSION_MINOR) << 16)
+            }
             pvinfo::VGT_ID => self.cfg.vgt_id,
             pvinfo::VGT_CAPS => mmio::VGT_CAPS_FULL_PPGTT | mmio::VGT_CAPS_HWSP_EMULATION,
             pvinfo::APERTURE_BASE => g.aperture.base.0 as u32,
@@ -358,14 +391,23 @@ impl Vgpu {
             pvinfo::HIDDEN_BASE => g.hidden.base.0 as u32,
             pvinfo::HIDDEN_SIZE => g.hidden.size as u32,
             pvinfo::FENCE_NUM => self.cfg.fence_num,
-            _ => self.vregs.get(&(mmio::VGT_PVINFO_PAGE + rel)).copied().unwrap_or(0),
+            _ => self
+                .vregs
+                .get(&(mmio::VGT_PVINFO_PAGE + rel))
+                .copied()
+                .unwrap_or(0),
         }
     }
 
     /// A 64-bit MMIO write (GGTT entries).
     pub fn mmio_write64(&mut self, offset: u32, value: u64) -> Result<()> {
         self.mmio_write32(offset, value as u32)?;
-        self.mmio_write32(offset.checked_add(4).ok_or(VgpuError::BadMmio { offset, len: 8 })?, (value >> 32) as u32)
+        self.mmio_write32(
+            offset
+                .checked_add(4)
+                .ok_or(VgpuError::BadMmio { offset, len: 8 })?,
+            (value >> 32) as u32,
+        )
     }
 
     /// A 32-bit MMIO write by the guest.
@@ -383,13 +425,19 @@ impl Vgpu {
             };
             let page = u64::from(entry_off - mmio::GTT_MMIO_BASE) / 8;
             // Outside the balloon: ignored, as GVT-g does.
-            let _ = self.ggtt.set_entry(&self.guest_view, GgttOffset(page * PAGE_SIZE), new);
+            let _ = self
+                .ggtt
+                .set_entry(&self.guest_view, GgttOffset(page * PAGE_SIZE), new);
             return Ok(());
         }
-        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset) {
+        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
+        {
             let rel = offset - mmio::VGT_PVINFO_PAGE;
             if rel >= pvinfo::DISPLAY_READY {
                 self.vregs.insert(offset, value);
+            }
+            if rel == pvinfo::G2V_NOTIFY {
+                self.g2v_notify(value);
             }
             return Ok(());
         }
@@ -406,6 +454,29 @@ impl Vgpu {
         Ok(())
     }
 
+    /// GVT-g guest-to-vGPU notifications: PPGTT creation and destruction (the root is in
+    /// `pdp[0]` of the PV info page).
+    fn g2v_notify(&mut self, value: u32) {
+        let reg = |o: u32| {
+            u64::from(
+                self.vregs
+                    .get(&(mmio::VGT_PVINFO_PAGE + o))
+                    .copied()
+                    .unwrap_or(0),
+            )
+        };
+        let root = reg(pvinfo::PDP0_LO) | (reg(pvinfo::PDP0_LO + 4) << 32);
+        match value {
+            mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_CREATE => {
+                self.ppgtt_roots.insert(root);
+            }
+            mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_DESTROY => {
+                self.ppgtt_roots.remove(&root);
+            }
+            _ => {}
+        }
+    }
+
     /// Rebases the address bits of a register value; a value outside the source slices becomes 0
     /// (the hardware never sees an address outside the vGPU).
     pub(crate) fn shadow_address_reg(&self, value: u32, mask: u32, mv: &SliceMove) -> u32 {
@@ -414,7 +485,10 @@ impl Vgpu {
             return value;
         }
         match mv.rebase(GgttOffset(addr)) {
-            Some(h) if h.0 <= u64::from(u32::MAX) => (h.0 as u32 & mask) | (value & !mask),
+            Some(h) => match u32::try_from(h.0) {
+                Ok(h) => (h & mask) | (value & !mask),
+                Err(_) => 0,
+            },
             _ => 0,
         }
     }
@@ -459,7 +533,12 @@ impl Vgpu {
             }
             Err((kind, reason)) => {
                 let ctx_id = (d >> desc::CTX_ID_SHIFT) as u32;
-                self.report_fault(GpuFault { engine, ctx_id, kind, reason });
+                self.report_fault(GpuFault {
+                    engine,
+                    ctx_id,
+                    kind,
+                    reason,
+                });
                 // The refused context is completed (its ring consumed) so the guest can go on.
                 let lrca = self.guest_to_host().rebase(GgttOffset(lrca_guest));
                 let tail = self.read_ctx_state(lrca, lrc::RING_TAIL);
@@ -488,9 +567,16 @@ impl Vgpu {
     }
 
     pub(crate) fn write_ctx_state(&mut self, lrca: GgttOffset, index: usize, value: u32) {
-        let Some(addr) = lrca.0.checked_add(lrc::STATE_OFFSET + 4 * index as u64) else { return };
+        let Some(addr) = lrca.0.checked_add(lrc::STATE_OFFSET + 4 * index as u64) else {
+            return;
+        };
         let mut pages = Vec::new();
-        let _ = self.host_view(None).write(Space::Ggtt, addr, &value.to_le_bytes(), &mut pages);
+        let _ = self
+            .host_view(None)
+            .write(Space::Ggtt, addr, &value.to_le_bytes(), &mut pages);
+        // Context-image write-back is the hardware's own write, not a command's: always dirty.
+        self.write_log.actual.extend(pages.iter().copied());
+        self.write_log.candidate.extend(pages);
     }
 
     /// Records a context-complete event in the CSB registers and the status page.
@@ -504,14 +590,25 @@ impl Vgpu {
         self.vregs.insert(base + ring::CSB + 8 * wp, status);
         self.vregs.insert(base + ring::CSB + 8 * wp + 4, ctx_id);
         self.vregs.insert(base + ring::CSB_PTR, wp);
-        self.vregs.insert(base + ring::EXECLIST_STATUS, (ctx_id & 0xffff) << 16 | 1 << 12);
-        if let Some(hws) = self.sregs.get(&(base + ring::HWS_PGA)).copied().filter(|h| *h != 0) {
+        self.vregs.insert(
+            base + ring::EXECLIST_STATUS,
+            (ctx_id & 0xffff) << 16 | 1 << 12,
+        );
+        if let Some(hws) = self
+            .sregs
+            .get(&(base + ring::HWS_PGA))
+            .copied()
+            .filter(|h| *h != 0)
+        {
             let addr = u64::from(hws & 0xffff_f000) + 4 * u64::from(mmio::HWS_CSB_INDEX + 2 * wp);
             let mut bytes = [0u8; 8];
             bytes[..4].copy_from_slice(&status.to_le_bytes());
             bytes[4..].copy_from_slice(&ctx_id.to_le_bytes());
             let mut pages = Vec::new();
-            if let Err(e) = self.host_view(None).write(Space::Ggtt, addr, &bytes, &mut pages) {
+            if let Err(e) = self
+                .host_view(None)
+                .write(Space::Ggtt, addr, &bytes, &mut pages)
+            {
                 self.report_fault(GpuFault {
                     engine,
                     ctx_id,
@@ -530,7 +627,9 @@ impl Vgpu {
     pub fn run(&mut self, max: usize) -> usize {
         let mut n = 0;
         while n < max {
-            let Some(w) = self.queue.pop_front() else { break };
+            let Some(w) = self.queue.pop_front() else {
+                break;
+            };
             crate::exec::execute(self, &w);
             n += 1;
         }
@@ -547,7 +646,10 @@ impl Vgpu {
     pub fn pause(&mut self, max_drain: usize) -> DrainReport {
         self.accepting = false;
         let executed = self.run(max_drain);
-        DrainReport { executed, queued: self.queue.len() }
+        DrainReport {
+            executed,
+            queued: self.queue.len(),
+        }
     }
 
     /// Accepts submissions again.
@@ -573,12 +675,21 @@ impl Vgpu {
 
     /// Reads guest RAM at a guest-physical address.
     pub fn read_ram(&self, addr: u64, out: &mut [u8]) -> Result<()> {
-        self.mem.read_slice(out, GuestAddress(addr)).map_err(|_| VgpuError::Ram(addr))
+        self.mem
+            .read_slice(out, GuestAddress(addr))
+            .map_err(|_| VgpuError::Ram(addr))
     }
 
     /// Translates a GPU address the way the hardware would now (host slices).
-    pub fn translate(&self, space: Space, addr: u64, pml4: Option<u64>) -> std::result::Result<Gfn, GttError> {
-        self.host_view(pml4).translate(space, addr).map(Gfn::containing)
+    pub fn translate(
+        &self,
+        space: Space,
+        addr: u64,
+        pml4: Option<u64>,
+    ) -> std::result::Result<Gfn, GttError> {
+        self.host_view(pml4)
+            .translate(space, addr)
+            .map(Gfn::containing)
     }
 }
 
@@ -610,13 +721,17 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
     let mut d = StateDiff::default();
     let keys: BTreeSet<u32> = a.vregs.keys().chain(b.vregs.keys()).copied().collect();
     for k in keys {
-        let (x, y) = (a.vregs.get(&k).copied().unwrap_or(0), b.vregs.get(&k).copied().unwrap_or(0));
+        let (x, y) = (
+            a.vregs.get(&k).copied().unwrap_or(0),
+            b.vregs.get(&k).copied().unwrap_or(0),
+        );
         if x != y {
             d.registers.push((k, x, y));
         }
     }
     if a.guest_view != b.guest_view {
-        d.registers.push((mmio::VGT_PVINFO_PAGE + pvinfo::APERTURE_BASE, 0, 0));
+        d.registers
+            .push((mmio::VGT_PVINFO_PAGE + pvinfo::APERTURE_BASE, 0, 0));
     }
     let pages = a.guest_view.aperture.size / PAGE_SIZE + a.guest_view.hidden.size / PAGE_SIZE;
     let (ga, gb) = (a.ggtt.save(), b.ggtt.save());
@@ -625,9 +740,12 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
             let off = if p < a.guest_view.aperture.size / PAGE_SIZE {
                 a.guest_view.aperture.base.0 + p * PAGE_SIZE
             } else {
-                a.guest_view.hidden.base.0 + (p - a.guest_view.aperture.size / PAGE_SIZE) * PAGE_SIZE
+                a.guest_view.hidden.base.0
+                    + (p - a.guest_view.aperture.size / PAGE_SIZE) * PAGE_SIZE
             };
-            if a.ggtt.entry(&a.guest_view, GgttOffset(off)) != b.ggtt.entry(&b.guest_view, GgttOffset(off)) {
+            if a.ggtt.entry(&a.guest_view, GgttOffset(off))
+                != b.ggtt.entry(&b.guest_view, GgttOffset(off))
+            {
                 d.ggtt_entries.push(off);
             }
         }
@@ -649,4 +767,140 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
         }
     }
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gm::{HostConfig, PartitionManager, MIB};
+    use crate::gtt::new_guest_ram;
+    use proptest::prelude::*;
+
+    fn vgpu() -> Vgpu {
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
+        Vgpu::new(
+            VgpuConfig::new(VgpuType::V5_8, 7),
+            s,
+            new_guest_ram(4 << 20).unwrap(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pv_info_page_describes_the_balloon() {
+        let v = vgpu();
+        let s = v.guest_view();
+        let r = |f| v.mmio_read32(mmio::VGT_PVINFO_PAGE + f).unwrap();
+        assert_eq!(
+            v.mmio_read64(mmio::VGT_PVINFO_PAGE).unwrap(),
+            0x4776_5447_7654_4776
+        );
+        assert_eq!(r(pvinfo::VERSION_MAJOR), 1);
+        assert_eq!(r(pvinfo::VGT_ID), 7);
+        assert_eq!(u64::from(r(pvinfo::APERTURE_BASE)), s.aperture.base.0);
+        assert_eq!(u64::from(r(pvinfo::APERTURE_SIZE)), 64 * MIB);
+        assert_eq!(u64::from(r(pvinfo::HIDDEN_BASE)), s.hidden.base.0);
+        assert_eq!(u64::from(r(pvinfo::HIDDEN_SIZE)), 384 * MIB);
+        assert_eq!(r(pvinfo::FENCE_NUM), 4);
+    }
+
+    #[test]
+    fn ggtt_through_mmio_stays_in_the_balloon() {
+        let mut v = vgpu();
+        let s = v.guest_view();
+        let entry = |off: u64| mmio::GTT_MMIO_BASE + (off / PAGE_SIZE * 8) as u32;
+        v.mmio_write64(entry(s.hidden.base.0 + 3 * PAGE_SIZE), 0x7000 | 1)
+            .unwrap();
+        assert_eq!(
+            v.mmio_read64(entry(s.hidden.base.0 + 3 * PAGE_SIZE))
+                .unwrap(),
+            0x7001
+        );
+        assert_eq!(v.gtt_backed_pages(), vec![Gfn(7)]);
+        // Outside the balloon: ignored.
+        v.mmio_write64(entry(0), 0x9000 | 1).unwrap();
+        assert_eq!(v.mmio_read64(entry(0)).unwrap(), 0);
+        assert!(matches!(
+            v.mmio_write32(3, 0),
+            Err(VgpuError::BadMmio { .. })
+        ));
+        assert!(matches!(
+            v.mmio_read32(mmio::MMIO_BAR_SIZE),
+            Err(VgpuError::BadMmio { .. })
+        ));
+    }
+
+    #[test]
+    fn address_registers_get_host_shadows() {
+        let mut v = vgpu();
+        let s = v.guest_view();
+        // Pretend the vGPU was moved: the host slices sit 256 MiB higher.
+        v.host.aperture.base = GgttOffset(s.aperture.base.0 + 256 * MIB);
+        let surf = s.aperture.base.0 as u32 + 0x10000;
+        v.mmio_write32(mmio::PLANE_SURF[0], surf).unwrap();
+        assert_eq!(
+            v.mmio_read32(mmio::PLANE_SURF[0]).unwrap(),
+            surf,
+            "the guest reads its own value"
+        );
+        assert_eq!(
+            v.shadow_reg(mmio::PLANE_SURF[0]),
+            Some(surf + (256 * MIB) as u32)
+        );
+        // An address outside the guest's slices never reaches the hardware.
+        v.mmio_write32(mmio::PLANE_SURF[1], 0x1000).unwrap();
+        assert_eq!(v.shadow_reg(mmio::PLANE_SURF[1]), Some(0));
+    }
+
+    #[test]
+    fn elsp_takes_four_writes_and_refuses_while_paused() {
+        let mut v = vgpu();
+        let elsp = EngineId::Blitter.mmio_base() + ring::ELSP;
+        for _ in 0..3 {
+            v.mmio_write32(elsp, 0).unwrap();
+        }
+        assert_eq!(v.engines[1].elsp.len(), 3);
+        // Fourth write: both elements invalid, nothing queued.
+        v.mmio_write32(elsp, 0).unwrap();
+        assert!(v.engines[1].elsp.is_empty());
+        assert_eq!(v.queued(), 0);
+        v.pause(0);
+        assert_eq!(v.mmio_write32(elsp, 0), Err(VgpuError::Paused("bcs")));
+        v.resume();
+        assert!(v.mmio_write32(elsp, 0).is_ok());
+    }
+
+    #[test]
+    fn bad_context_is_reported_not_executed() {
+        let mut v = vgpu();
+        let elsp = EngineId::Render.mmio_base() + ring::ELSP;
+        // A context descriptor pointing outside the guest's slices.
+        for w in [0u32, 0, 5, 0x1000 | 1] {
+            v.mmio_write32(elsp, w).unwrap();
+        }
+        assert_eq!(v.queued(), 0);
+        assert_eq!(v.faults().len(), 1);
+        assert_eq!(v.faults()[0].kind, FaultKind::Audit);
+        assert_eq!(v.faults()[0].ctx_id, 5);
+        assert_eq!(v.mmio_read32(mmio::RING_FAULT_REG).unwrap() & 1, 1);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn random_mmio_never_panics_and_ggtt_stays_inside(ops in proptest::collection::vec((0u32..0x100_0000, any::<u32>()), 1..64)) {
+            let mut v = vgpu();
+            for (off, val) in ops {
+                let _ = v.mmio_write32(off & !3, val);
+                let _ = v.mmio_read32(off & !3);
+            }
+            v.run_until_idle();
+            let s = v.guest_view();
+            for (hidden, table) in [(false, &v.ggtt.aperture), (true, &v.ggtt.hidden)] {
+                let size = if hidden { s.hidden.size } else { s.aperture.size };
+                prop_assert_eq!(table.len() as u64, size / PAGE_SIZE);
+            }
+        }
+    }
 }
