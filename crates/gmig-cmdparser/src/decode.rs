@@ -138,10 +138,16 @@ pub struct AddressUse {
     /// First byte of the range the command touches through it (may differ from `addr`, e.g. a
     /// blit's rectangle).
     pub start: u64,
-    /// Bytes touched from `start` (`>= 1`; `1` when `bounded` is false).
+    /// Bytes touched from `start` (`1` when `bounded` is false; `0` for an empty blit;
+    /// [`INVALID_LEN`] when the command's range does not fit the address space, which the audit
+    /// refuses and write sets treat as unknown).
     pub len: u64,
     /// Whether `len` is a real bound (false: only `start` is known).
     pub bounded: bool,
+    /// Width of the field.
+    pub width: Width,
+    /// Lowest address bit of the field (bits below it belong to other fields).
+    pub lo: u8,
 }
 
 /// One decoded command, borrowing its dwords from the buffer.
@@ -254,6 +260,9 @@ fn cond_holds(c: Cond, dwords: &[u32], base: usize) -> bool {
     }
 }
 
+/// `AddressUse::len` of a range that does not fit the address space (see [`AddressUse`]).
+pub const INVALID_LEN: u64 = u64::MAX;
+
 /// Raw little-endian value of an address field at dword `at`.
 pub(crate) fn field_raw(width: Width, dwords: &[u32], at: usize) -> u64 {
     let lo = u64::from(dword_at(dwords, at));
@@ -272,9 +281,15 @@ fn address_use(
 ) -> AddressUse {
     let addr = field_raw(f.width, dwords, at) & f.mask();
     let space = table::resolve_space(f.space, dwords, implicit);
-    let (start, len, bounded) = match range_of(f.size, dwords, base, addr) {
-        Some((s, l)) => (s, l, true),
-        None => (addr, 1, false),
+    let (start, len, bounded) = match f.size {
+        SizeRule::Unknown => (addr, 1, false),
+        rule => match range_of(rule, dwords, base, addr) {
+            Some((s, l)) => (s, l, true),
+            // The size rule applies but its range does not fit the 64-bit address space (a huge
+            // negative pitch, an overflowing size): an invalid range that no audit passes and no
+            // write set bounds.
+            None => (addr, INVALID_LEN, true),
+        },
     };
     AddressUse {
         name: f.name,
@@ -285,6 +300,8 @@ fn address_use(
         start,
         len,
         bounded,
+        width: f.width,
+        lo: f.lo,
     }
 }
 
@@ -342,10 +359,11 @@ fn xy(v: u32) -> (u32, u32) {
     (v & 0xffff, v >> 16)
 }
 
-/// The byte range `[start, start+len)` the size rule gives, or `None` when unbounded.
+/// The byte range `[start, start+len)` the size rule gives, or `None` when it does not fit the
+/// address space (or the rule is `Unknown`, which the caller handles first).
 fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u64, u64)> {
     let d = |i: usize| dword_at(dwords, i);
-    match rule {
+    let r = match rule {
         SizeRule::Unknown => None,
         SizeRule::Fixed(n) => Some((addr, u64::from(n))),
         SizeRule::TrailingDwords { first } => {
@@ -363,11 +381,7 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
             let len = v
                 .checked_mul(u64::from(scale))?
                 .checked_add(u64::from(add))?;
-            if len == 0 {
-                None
-            } else {
-                Some((addr, len))
-            }
+            Some((addr, len))
         }
         SizeRule::XyDst | SizeRule::XySrc => {
             let br13 = d(1);
@@ -440,7 +454,8 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
                 },
             )
         }
-    }
+    };
+    r.filter(|(s, l)| s.checked_add(*l).is_some())
 }
 
 /// Lazy decoder over a command buffer.

@@ -146,15 +146,9 @@ fn plan_use(
             len: u.len,
         }));
     }
-    // Find the field's mask from the table (the use names its dword).
-    let f = cmd
-        .desc
-        .addrs
-        .iter()
-        .find(|f| f.name == u.name)
-        .copied()
-        .unwrap_or(crate::table::AddrField::new("?", 0, 0));
-    let mask = f.mask();
+    let mask = crate::table::AddrField::new(field, 0, u.lo)
+        .width(u.width)
+        .mask();
     if new_addr & !mask != 0 {
         return Err(RemapError::Overflow {
             offset,
@@ -163,10 +157,10 @@ fn plan_use(
             addr: new_addr,
         });
     }
-    let raw = field_raw(f.width, cmd.dwords, u.dword);
+    let raw = field_raw(u.width, cmd.dwords, u.dword);
     Ok(Edit {
         at: base.saturating_add(cmd.offset).saturating_add(u.dword),
-        width: f.width,
+        width: u.width,
         value: (raw & !mask) | new_addr,
     })
 }

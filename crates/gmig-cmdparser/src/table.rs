@@ -259,7 +259,7 @@ pub enum SizeRule {
 }
 
 /// Width of an address field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Width {
     /// One dword; address bits `lo..=31`.
     A32,
