@@ -94,8 +94,14 @@ fn check(profile: Profile, seed: u64) -> (StateDiff, StateDiff) {
 fn survives_migration_and_the_control_fails(profile: Profile) {
     for seed in [1u64, 2, 3] {
         let (ok, bad) = check(profile, seed);
-        assert!(ok.is_identical(), "{profile:?} seed {seed}: migrated run differs: {ok:?}");
-        assert!(!bad.is_identical(), "{profile:?} seed {seed}: remapping off still identical");
+        assert!(
+            ok.is_identical(),
+            "{profile:?} seed {seed}: migrated run differs: {ok:?}"
+        );
+        assert!(
+            !bad.is_identical(),
+            "{profile:?} seed {seed}: remapping off still identical"
+        );
     }
 }
 
