@@ -160,6 +160,25 @@ pub(crate) fn remap_command(
         .map_err(|e| e.to_string())
 }
 
+/// Audits one shadowed command against `slices` (the host slices it will run in).
+pub(crate) fn audit_command(
+    gen: gmig_cmdparser::Gen,
+    engine: EngineId,
+    cmd: &ShadowCommand,
+    slices: &gmig_cmdparser::VgpuSlices,
+) -> Result<(), String> {
+    let d = decode_one(gen, parser_engine(engine), &cmd.dwords, 0).map_err(|e| e.to_string())?;
+    if d.len() != cmd.dwords.len() {
+        return Err(format!(
+            "{}: {} dwords stored, {} decoded",
+            d.desc.name,
+            cmd.dwords.len(),
+            d.len()
+        ));
+    }
+    audit(&d, &cmd.ctx, slices).map_err(|e| e.to_string())
+}
+
 /// Adds one executing command's write set (pages through the host view) to `log`; returns the
 /// command's name.
 pub(crate) fn log_write_set(
