@@ -782,4 +782,17 @@ mod tests {
         let log = v.take_write_log();
         assert!(log.unknown, "a draw's write set is unknown to the parser");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        #[test]
+        fn any_command_soup_executes_without_panicking(
+            cmds in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u32>(), 1..24), 1..16),
+            engine in 0usize..4,
+        ) {
+            let (mut v, _) = setup(8);
+            run(&mut v, EngineId::ALL[engine], cmds);
+            proptest::prop_assert_eq!(v.stats().workloads + v.stats().refused, 1);
+        }
+    }
 }

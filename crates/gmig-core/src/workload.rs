@@ -828,8 +828,12 @@ impl GuestDriver {
                 x2: (cx + 64) as u16,
                 y2: (cy + 64) as u16,
             };
-            let mut c2 =
-                build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4);
+            // XY_FAST_COPY_BLT arrived with GEN9.
+            let mut c2 = if self.gen == Gen::Gen8 {
+                build::xy_src_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4)
+            } else {
+                build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4)
+            };
             c2.extend(build::mi_batch_buffer_end());
             self.write_batch(vgpu, ci, &c2)?
         };
