@@ -172,3 +172,23 @@ fn without_remapping_the_guest_sees_gpu_errors_and_lost_writes() {
         "and the writes they were meant to do are missing"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+    /// Any profile, seed, cut point, drain depth and destination crowding.
+    #[test]
+    fn random_migrations_are_invisible_to_the_guest(
+        p in 0usize..5,
+        seed in 0u64..1_000_000,
+        at in 0u64..6,
+        drain in 0usize..4,
+        others in 0usize..3,
+    ) {
+        let profile = Profile::ALL[p];
+        let (reference, _) = run(profile, seed, 6, &[], true);
+        let (migrated, d) = run(profile, seed, 6, &[(at, drain, others)], true);
+        proptest::prop_assert_eq!(d.failures(), 0);
+        let diff = compare_guest_visible(&reference, &migrated);
+        proptest::prop_assert!(diff.is_identical(), "{:?} seed {} at {} drain {}: {:?}", profile, seed, at, drain, diff);
+    }
+}
