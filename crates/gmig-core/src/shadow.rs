@@ -187,6 +187,7 @@ pub(crate) fn log_write_set(
     cmd: &ShadowCommand,
     view: &GpuView<'_>,
     log: &mut WriteLog,
+    candidate: &mut Vec<Gfn>,
 ) -> &'static str {
     log.commands += 1;
     let Ok(d) = decode_one(gen, parser_engine(engine), &cmd.dwords, 0) else {
@@ -202,7 +203,7 @@ pub(crate) fn log_write_set(
                 let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
                 for p in first..=last {
                     if let Ok(gpa) = view.translate(r.space, p * PAGE_SIZE) {
-                        log.candidate.insert(Gfn::containing(gpa));
+                        candidate.push(Gfn::containing(gpa));
                     }
                 }
             }

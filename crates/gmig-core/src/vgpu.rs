@@ -192,9 +192,9 @@ pub struct WriteLog {
 
 impl WriteLog {
     /// Merges another log into this one.
-    pub fn merge(&mut self, other: WriteLog) {
-        self.candidate.extend(other.candidate);
-        self.actual.extend(other.actual);
+    pub fn merge(&mut self, mut other: WriteLog) {
+        self.candidate.append(&mut other.candidate);
+        self.actual.append(&mut other.actual);
         self.unknown |= other.unknown;
         self.commands += other.commands;
     }
