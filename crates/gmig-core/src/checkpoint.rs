@@ -256,7 +256,7 @@ impl Vgpu {
         };
         // Shadow registers: rebase host addresses onto the new slices.
         for &(reg, value) in &state.sregs {
-            let v = match mmio::address_register(state.cfg.fence_num, reg) {
+            let v = match mmio::address_register(state.cfg.gen, state.cfg.fence_num, reg) {
                 Some(mask) if remap && value != 0 => {
                     let addr = u64::from(value & mask);
                     let h = mv.rebase(GgttOffset(addr)).ok_or_else(|| {

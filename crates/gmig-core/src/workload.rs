@@ -391,7 +391,10 @@ impl GuestDriver {
 
     fn setup_context(&mut self, vgpu: &mut Vgpu, engine: EngineId, ctx_id: u32) -> Result<()> {
         let hws = self.alloc_ggtt(vgpu, false, PAGE_SIZE)?;
-        vgpu.mmio_write32(engine.mmio_base() + ring::HWS_PGA, hws.gpu as u32)?;
+        vgpu.mmio_write32(
+            engine.mmio_base_for(self.gen) + ring::HWS_PGA,
+            hws.gpu as u32,
+        )?;
         let image = self.alloc_ggtt(vgpu, true, lrc::CONTEXT_PAGES * PAGE_SIZE)?;
         let ring_obj = self.alloc_ggtt(vgpu, true, RING_PAGES * PAGE_SIZE)?;
         let ppgtt = self.profile.uses_ppgtt();
@@ -404,7 +407,7 @@ impl GuestDriver {
             });
         }
         // Register state page: LRI header and (register, value) pairs as the hardware lays it out.
-        let base = engine.mmio_base();
+        let base = engine.mmio_base_for(self.gen);
         let mut state = vec![0u32; lrc::STATE_DWORDS];
         state[1] = (0x22 << 23) | (2 * 14 - 1);
         let mut pair = |i: usize, reg: u32, v: u32| {
@@ -627,7 +630,7 @@ impl GuestDriver {
         } else {
             (1 << desc::ADDRESSING_SHIFT) | desc::PRIVILEGE
         };
-        let elsp = engine.mmio_base() + ring::ELSP;
+        let elsp = engine.mmio_base_for(self.gen) + ring::ELSP;
         vgpu.mmio_write32(elsp, 0)?;
         vgpu.mmio_write32(elsp, 0)?;
         vgpu.mmio_write32(elsp, (d >> 32) as u32)?;
