@@ -3,9 +3,14 @@
 //! The mix: a render ring of MI commands and batch starts, a privileged (GGTT) render batch of
 //! 3D state, draws, PIPE_CONTROL post-syncs, register loads and stores, and a blitter batch of
 //! XY blits. Run: `cargo bench -p gmig-cmdparser --bench throughput`.
+//!
+//! Two groups: `cmdparser` measures wall-clock time; `cmdparser-cpu` measures the benchmark
+//! thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), which stays meaningful on a loaded machine where
+//! the thread is descheduled part of the time. Both report decimal GB/s of command bytes.
 
 use std::hint::black_box;
 
+use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use gmig_cmdparser::build::{self, Rect};
 use gmig_cmdparser::{
@@ -141,7 +146,87 @@ fn ring() -> Vec<u32> {
     v
 }
 
+/// CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
+    // CLOCK_THREAD_CPUTIME_ID is supported on Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Criterion measurement: thread CPU time.
+struct ThreadCpu;
+
+struct CpuFormatter;
+
+impl ValueFormatter for CpuFormatter {
+    fn scale_values(&self, _typical: f64, values: &mut [f64]) -> &'static str {
+        for v in values {
+            *v /= 1e3;
+        }
+        "µs (cpu)"
+    }
+
+    fn scale_throughputs(&self, _typical: f64, t: &Throughput, values: &mut [f64]) -> &'static str {
+        let bytes = match *t {
+            Throughput::Bytes(b) | Throughput::BytesDecimal(b) => b as f64,
+            Throughput::Elements(e) => e as f64,
+            Throughput::Bits(b) => b as f64 / 8.0,
+        };
+        for v in values {
+            *v = bytes / *v; // bytes per ns = GB/s
+        }
+        "GB/s (cpu)"
+    }
+
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = u64;
+    type Value = u64;
+
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+
+    fn end(&self, i: u64) -> u64 {
+        thread_cpu_ns().saturating_sub(i)
+    }
+
+    fn add(&self, a: &u64, b: &u64) -> u64 {
+        a + b
+    }
+
+    fn zero(&self) -> u64 {
+        0
+    }
+
+    fn to_f64(&self, v: &u64) -> f64 {
+        *v as f64
+    }
+
+    fn formatter(&self) -> &dyn ValueFormatter {
+        &CpuFormatter
+    }
+}
+
 fn bench(c: &mut Criterion) {
+    run(c, "cmdparser");
+}
+
+fn bench_cpu(c: &mut Criterion<ThreadCpu>) {
+    run(c, "cmdparser-cpu");
+}
+
+fn run<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     let gen = Gen::Gen9;
     let mv = SliceMove::new(
         slices(0x0400_0000, 0x4000_0000),
@@ -160,8 +245,8 @@ fn bench(c: &mut Criterion) {
     for (e, b) in &mix {
         audit_buffer(gen, *e, b, &ctx, &mv.from).unwrap();
     }
-    let mut g = c.benchmark_group("cmdparser");
-    g.throughput(Throughput::Bytes(bytes));
+    let mut g = c.benchmark_group(group);
+    g.throughput(Throughput::BytesDecimal(bytes));
     g.bench_function("decode", |bch| {
         bch.iter(|| {
             let mut n = 0usize;
@@ -195,4 +280,9 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+criterion_group! {
+    name = benches_cpu;
+    config = Criterion::default().with_measurement(ThreadCpu);
+    targets = bench_cpu
+}
+criterion_main!(benches, benches_cpu);

@@ -171,6 +171,11 @@ impl<'a> Decoded<'a> {
         self.dwords.first().copied().unwrap_or(0)
     }
 
+    /// Dword `i` of the command (DW0 is 0), if the command is that long.
+    pub fn dword(&self, i: usize) -> Option<u32> {
+        self.dwords.get(i).copied()
+    }
+
     /// Length in dwords.
     pub fn len(&self) -> usize {
         self.dwords.len()
@@ -211,6 +216,7 @@ pub struct AddressIter<'a> {
 impl Iterator for AddressIter<'_> {
     type Item = AddressUse;
 
+    #[inline]
     fn next(&mut self) -> Option<AddressUse> {
         loop {
             let f = self.fields.get(self.field)?;
@@ -237,10 +243,12 @@ impl Iterator for AddressIter<'_> {
     }
 }
 
+#[inline]
 fn dword_at(dwords: &[u32], i: usize) -> u32 {
     dwords.get(i).copied().unwrap_or(0)
 }
 
+#[inline]
 fn bits(v: u32, lo: u8, n: u8) -> u32 {
     let shifted = v.checked_shr(u32::from(lo)).unwrap_or(0);
     if n >= 32 {
@@ -250,6 +258,7 @@ fn bits(v: u32, lo: u8, n: u8) -> u32 {
     }
 }
 
+#[inline]
 fn cond_holds(c: Cond, dwords: &[u32], base: usize) -> bool {
     match c {
         Cond::Always => true,
@@ -264,6 +273,7 @@ fn cond_holds(c: Cond, dwords: &[u32], base: usize) -> bool {
 pub const INVALID_LEN: u64 = u64::MAX;
 
 /// Raw little-endian value of an address field at dword `at`.
+#[inline]
 pub(crate) fn field_raw(width: Width, dwords: &[u32], at: usize) -> u64 {
     let lo = u64::from(dword_at(dwords, at));
     match width {
@@ -272,6 +282,7 @@ pub(crate) fn field_raw(width: Width, dwords: &[u32], at: usize) -> u64 {
     }
 }
 
+#[inline]
 fn address_use(
     f: &AddrField,
     dwords: &[u32],
@@ -361,6 +372,7 @@ fn xy(v: u32) -> (u32, u32) {
 
 /// The byte range `[start, start+len)` the size rule gives, or `None` when it does not fit the
 /// address space (or the rule is `Unknown`, which the caller handles first).
+#[inline]
 fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u64, u64)> {
     let d = |i: usize| dword_at(dwords, i);
     let r = match rule {
@@ -463,6 +475,7 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
 pub struct Decoder<'a> {
     gen: Gen,
     engine: Engine,
+    table: table::Table,
     dwords: &'a [u32],
     pos: usize,
     done: bool,
@@ -474,6 +487,7 @@ impl<'a> Decoder<'a> {
         Decoder {
             gen,
             engine,
+            table: table::Table::new(gen, engine),
             dwords,
             pos: 0,
             done: false,
@@ -488,6 +502,7 @@ impl<'a> Decoder<'a> {
     /// The next command, `Ok(None)` at the end, or the first error (after which the decoder is
     /// empty for good).
     #[allow(clippy::should_implement_trait)]
+    #[inline]
     pub fn next(&mut self) -> Result<Option<Decoded<'a>>, DecodeError> {
         if self.done {
             return Ok(None);
@@ -499,7 +514,7 @@ impl<'a> Decoder<'a> {
                 return Ok(None);
             }
         };
-        match decode_one(self.gen, self.engine, rest, self.pos) {
+        match decode_with(self.table, self.gen, self.engine, rest, self.pos) {
             Ok(d) => {
                 self.pos += d.dwords.len();
                 Ok(Some(d))
@@ -515,6 +530,7 @@ impl<'a> Decoder<'a> {
 impl<'a> Iterator for Decoder<'a> {
     type Item = Result<Decoded<'a>, DecodeError>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         Decoder::next(self).transpose()
     }
@@ -528,13 +544,26 @@ pub fn decode_one(
     rest: &[u32],
     offset: usize,
 ) -> Result<Decoded<'_>, DecodeError> {
+    decode_with(table::Table::new(gen, engine), gen, engine, rest, offset)
+}
+
+#[inline]
+fn decode_with(
+    table: table::Table,
+    gen: Gen,
+    engine: Engine,
+    rest: &[u32],
+    offset: usize,
+) -> Result<Decoded<'_>, DecodeError> {
     let dw0 = *rest.first().ok_or(DecodeError::Truncated {
         offset,
         name: "?",
         len: 1,
         available: 0,
     })?;
-    let desc = table::lookup(gen, engine, dw0).ok_or(DecodeError::UnknownOpcode { offset, dw0 })?;
+    let desc = table
+        .lookup(dw0)
+        .ok_or(DecodeError::UnknownOpcode { offset, dw0 })?;
     let len = desc.len_of(dw0);
     let bad = |len| DecodeError::BadLength {
         offset,

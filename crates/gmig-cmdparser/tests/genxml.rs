@@ -1,7 +1,8 @@
 //! Compares the command tables with Mesa's genxml (`../shared/genxml/gen{8,9,11}.xml`), when
 //! present: for every command both describe, the opcode (by looking genxml's DW0 up in our
 //! tables and comparing names), the length bias and field width, the fixed length, and the dword
-//! positions and lowest bits of instruction-level `type="address"` fields.
+//! positions, lowest bits and repeat strides of `type="address"` fields (those of the instruction,
+//! of structures it embeds, and of arrays of structures).
 //!
 //! Differences that are deliberate are listed in [`KNOWN`] with the reason; anything else fails.
 
@@ -73,6 +74,51 @@ fn num(s: &str) -> u64 {
     }
 }
 
+/// An address field found in genxml: (dword, lowest bit, repeat stride in dwords).
+type Addr = (usize, u8, Option<usize>);
+
+/// Collects the address fields of `node` (an instruction, struct or group) at bit offset `base`,
+/// following struct-typed fields and groups (a `count="0"` group repeats to the end of the
+/// command: its first element is recorded with its stride).
+fn collect(
+    node: roxmltree::Node<'_, '_>,
+    base: u64,
+    repeat: Option<usize>,
+    structs: &std::collections::HashMap<String, roxmltree::Node<'_, '_>>,
+    out: &mut BTreeSet<Addr>,
+    depth: u32,
+) {
+    if depth > 8 {
+        return;
+    }
+    for c in node.children() {
+        let start = c.attribute("start").map(num).unwrap_or(0);
+        if c.has_tag_name("field") {
+            let fname = c.attribute("name").unwrap_or("");
+            let ty = c.attribute("type").unwrap_or("");
+            let at = base + start;
+            if ty == "address" {
+                if !fname.ends_with("High") {
+                    out.insert(((at / 32) as usize, (at % 32) as u8, repeat));
+                }
+            } else if let Some(st) = structs.get(ty) {
+                collect(*st, at, repeat, structs, out, depth + 1);
+            }
+        } else if c.has_tag_name("group") {
+            let count = c.attribute("count").map(num).unwrap_or(1);
+            let size = c.attribute("size").map(num).unwrap_or(0);
+            if count == 0 {
+                let stride = (size / 32) as usize;
+                collect(c, base + start, Some(stride), structs, out, depth + 1);
+            } else {
+                for i in 0..count.min(64) {
+                    collect(c, base + start + i * size, repeat, structs, out, depth + 1);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn tables_agree_with_genxml() {
     let Some(dir) = genxml_dir() else {
@@ -89,13 +135,19 @@ fn tables_agree_with_genxml() {
     ] {
         let text = std::fs::read_to_string(dir.join(file)).unwrap();
         let doc = roxmltree::Document::parse(&text).unwrap();
+        let structs: std::collections::HashMap<String, roxmltree::Node<'_, '_>> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("struct"))
+            .filter_map(|n| Some((n.attribute("name")?.to_string(), n)))
+            .collect();
         for ins in doc.descendants().filter(|n| n.has_tag_name("instruction")) {
             let name = ins.attribute("name").unwrap_or("?");
             let bias = ins.attribute("bias").map(num).unwrap_or(0);
             let length = ins.attribute("length").map(num);
             let mut dw0 = 0u32;
             let mut len_bits = None;
-            let mut addrs = BTreeSet::new();
+            let mut addrs: BTreeSet<Addr> = BTreeSet::new();
+            collect(ins, 0, None, &structs, &mut addrs, 0);
             for f in ins.children().filter(|n| n.has_tag_name("field")) {
                 let start = f.attribute("start").map(num).unwrap_or(0);
                 let end = f.attribute("end").map(num).unwrap_or(0);
@@ -106,9 +158,6 @@ fn tables_agree_with_genxml() {
                     if let Some(d) = f.attribute("default") {
                         dw0 |= (num(d) as u32) << start;
                     }
-                }
-                if f.attribute("type") == Some("address") && !fname.ends_with("High") {
-                    addrs.insert(((start / 32) as usize, (start % 32) as u8));
                 }
             }
             for engine in engines_of(ins.attribute("engine")) {
@@ -144,34 +193,26 @@ fn tables_agree_with_genxml() {
                         failures.push(format!("{tag}: exact length {exact} vs genxml {l}"));
                     }
                 }
-                // Address fields (non-repeating ones; arrays of structures are checked below).
-                let ours: BTreeSet<(usize, u8)> = desc
+                // Address fields, structures and arrays of structures included.
+                let ours: BTreeSet<Addr> = desc
                     .addrs
                     .iter()
-                    .filter(|a| a.repeat.is_none())
-                    .map(|a| (usize::from(a.dword), a.lo))
-                    .collect();
-                let theirs: BTreeSet<(usize, u8)> = addrs
-                    .iter()
-                    .copied()
-                    .filter(|(dw, _)| length.is_none_or(|l| (*dw as u64) < l.max(64)))
+                    .map(|a| (usize::from(a.dword), a.lo, a.repeat.map(usize::from)))
                     .collect();
                 let opaque = desc.flags.has(gmig_cmdparser::Flags::OPAQUE);
-                // Ours may hold addresses genxml keeps in structs (3DSTATE_CONSTANT_*); every
-                // genxml instruction-level address must be ours, unless the command is opaque
-                // (refused wherever its addresses could be GGTT).
-                let lacking: Vec<_> = theirs.difference(&ours).collect();
+                let lacking: Vec<_> = addrs.difference(&ours).collect();
                 if !lacking.is_empty() && !opaque && !known(g, name, "address") {
                     failures.push(format!(
                         "{tag}: genxml address fields {lacking:?} missing (ours {ours:?})"
                     ));
                 }
+                // Ours may extend past genxml's usual length (e.g. STATE_BASE_ADDRESS fields of
+                // later generations are skipped when the command is shorter).
                 let extra: Vec<_> = ours
-                    .iter()
-                    .filter(|(dw, _)| !theirs.iter().any(|(t, _)| t == dw))
-                    .filter(|(dw, _)| length.is_none_or(|l| (*dw as u64) < l))
+                    .difference(&addrs)
+                    .filter(|(dw, _, _)| length.is_none_or(|l| (*dw as u64) < l))
                     .collect();
-                if !extra.is_empty() && !known(g, name, "address") && !struct_addrs(name) {
+                if !extra.is_empty() && !known(g, name, "address") {
                     failures.push(format!(
                         "{tag}: our address fields {extra:?} are not genxml addresses"
                     ));
@@ -195,10 +236,4 @@ fn tables_agree_with_genxml() {
         .map(|i| KNOWN[i].1)
         .collect();
     assert!(stale.is_empty(), "KNOWN entries never needed: {stale:?}");
-}
-
-/// Commands whose addresses genxml keeps inside structures (3DSTATE_CONSTANT_BODY,
-/// VERTEX_BUFFER_STATE) rather than as instruction-level fields.
-fn struct_addrs(name: &str) -> bool {
-    name.starts_with("3DSTATE_CONSTANT_") || name == "3DSTATE_VERTEX_BUFFERS"
 }

@@ -308,3 +308,15 @@ fn engines_see_only_their_command_types() {
     assert!(by_name(Gen::Gen8, Engine::Blitter, "XY_FAST_COPY_BLT").is_none());
     assert!(by_name(Gen::Gen11, Engine::Blitter, "XY_FAST_COPY_BLT").is_some());
 }
+
+#[test]
+fn gen_and_engine_names_round_trip() {
+    for g in Gen::ALL {
+        assert_eq!(g.to_string().parse::<Gen>(), Ok(g));
+    }
+    for e in Engine::ALL {
+        assert_eq!(e.to_string().parse::<Engine>(), Ok(e));
+    }
+    assert!("gen12".parse::<Gen>().is_err());
+    assert_eq!("bcs".parse::<Engine>(), Ok(Engine::Blitter));
+}
