@@ -3,8 +3,8 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit, decode_one, remap_in_place, walk, AddressSpace, BatchContext, Budget, Engine,
-    GgttOffset, GpuMemory, MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
+    audit, decode_one, remap_in_place, walk, AddressSpace, Budget, Engine, GgttOffset, GpuMemory,
+    MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
@@ -210,14 +210,4 @@ pub(crate) fn log_write_set(
         }
     }
     d.desc.name
-}
-
-/// Whether a context descriptor uses a 4-level PPGTT.
-pub fn uses_ppgtt(d: u64) -> bool {
-    (d >> desc::ADDRESSING_SHIFT) & 3 == 3
-}
-
-/// A batch context for a first-level batch in `space` (handy for tests building shadows by hand).
-pub fn first_level(space: AddressSpace) -> BatchContext {
-    BatchContext::first_level(space)
 }
