@@ -147,6 +147,21 @@ impl Kernel {
         unsafe { k.hash_raw(page.as_ptr(), page.as_ptr()) }
     }
 
+    /// Digest of `page`, prefetching the lines of `next` (the page the caller hashes next) meanwhile.
+    pub fn hash_page_prefetching(
+        self,
+        page: &[u8; PAGE_SIZE],
+        next: &[u8; PAGE_SIZE],
+    ) -> PageDigest {
+        let k = if self.is_supported() {
+            self
+        } else {
+            Kernel::Portable
+        };
+        // SAFETY: `page` is PAGE_SIZE readable bytes; `next` is only prefetched; `k` is supported.
+        unsafe { k.hash_raw(page.as_ptr(), next.as_ptr()) }
+    }
+
     /// Copy `src` into `dst` and return the digest of the copy.
     pub fn copy_hash_page(self, src: &[u8; PAGE_SIZE], dst: &mut [u8; PAGE_SIZE]) -> PageDigest {
         let k = if self.is_supported() {
