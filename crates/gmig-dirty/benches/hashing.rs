@@ -45,7 +45,7 @@ fn benches(c: &mut Criterion) {
     let one = Hasher::new(1).unwrap();
     let one_nopf = Hasher::with_options(HasherOptions {
         threads: 1,
-        prefetch: false,
+        prefetch_pages: 0,
         ..HasherOptions::default()
     })
     .unwrap();
