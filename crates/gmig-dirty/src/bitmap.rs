@@ -4,6 +4,9 @@
 //! `i / 64`) stands for frame `base + i`: exactly the layout `KVM_GET_DIRTY_LOG` fills for a memslot
 //! and the layout VFIO's DMA-logging report uses for an IOVA range (with the range's page size).
 //! Bits past `pages` in the last word are always zero.
+//!
+//! The bitmap itself is granule-agnostic: for a VFIO DMA-logging report over an IOVA range with a
+//! page size other than 4 KiB, use `iova / page_size` as the frame number.
 
 use crate::addr::Gfn;
 
@@ -77,8 +80,9 @@ pub struct DirtyBitmap {
     words: Vec<u64>,
 }
 
-/// The largest span a bitmap may cover (2^40 pages = 4 PiB of guest memory).
-pub const MAX_PAGES: u64 = 1 << 40;
+/// The largest span a bitmap may cover: 2^36 pages (256 TiB of 4 KiB pages; a 1 GiB bitmap), so a
+/// span taken from a peer cannot make us allocate without bound.
+pub const MAX_PAGES: u64 = 1 << 36;
 
 impl DirtyBitmap {
     /// An empty bitmap over `[base, base + pages)`.
@@ -536,6 +540,10 @@ mod tests {
             })
         ));
         assert!(DirtyBitmap::new(Gfn(u64::MAX - 3), 10).is_err());
+        assert!(matches!(
+            DirtyBitmap::new(Gfn(0), MAX_PAGES + 1),
+            Err(BitmapError::TooLarge { .. })
+        ));
         let full = DirtyBitmap::full(Gfn(0), 70).unwrap();
         assert_eq!(full.count(), 70);
     }

@@ -152,6 +152,8 @@ proptest! {
             }
             let streamed = Mutex::new(BTreeSet::new());
             let got = h.diff_with(&pages, &snap, None, &|b| {
+                assert!(!b.is_empty() && b.len() <= gmig_dirty::hasher::SINK_BATCH);
+                assert!(b.windows(2).all(|w| w[0] < w[1]), "batch not ascending");
                 streamed.lock().unwrap().extend(b.iter().copied());
             }).unwrap();
             let got: BTreeSet<Gfn> = got.iter().collect();
