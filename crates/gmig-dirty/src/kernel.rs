@@ -268,19 +268,26 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{merge_accs, INIT_ACC, PRIME32_1, SECRET};
-    use crate::addr::{PageDigest, PageHash, PageKind};
+    use crate::addr::{PageDigest, PageHash, PageKind, PAGE_SIZE};
 
     const SWAP: i32 = 0b01_00_11_10; // _MM_SHUFFLE(1, 0, 3, 2)
 
+    /// Digest from the final accumulators; `bytes` are the hashed bytes (the copy, when copying),
+    /// checked for all-zero only when the hash is the zero page's.
+    ///
+    /// # Safety
+    /// `bytes` must be readable for PAGE_SIZE bytes.
     #[inline(always)]
-    fn digest(acc: [u64; 8], nonzero: bool) -> PageDigest {
+    unsafe fn digest(acc: [u64; 8], bytes: *const u8) -> PageDigest {
+        let hash = PageHash(merge_accs(&acc));
+        let zero = hash == PageHash::ZERO_PAGE && {
+            // SAFETY: forwarded caller contract.
+            let page = unsafe { std::slice::from_raw_parts(bytes, PAGE_SIZE) };
+            page.iter().all(|&b| b == 0)
+        };
         PageDigest {
-            hash: PageHash(merge_accs(&acc)),
-            kind: if nonzero {
-                PageKind::Data
-            } else {
-                PageKind::Zero
-            },
+            hash,
+            kind: if zero { PageKind::Zero } else { PageKind::Data },
         }
     }
 
@@ -297,15 +304,13 @@ mod x86 {
         // and at offset < 192 - 63 of the 192-byte SECRET; unaligned intrinsics are used.
         unsafe {
             let mut acc = _mm512_loadu_si512(INIT_ACC.as_ptr().cast());
-            let mut ornz = _mm512_setzero_si512();
             let prime = _mm512_set1_epi32(PRIME32_1 as i32);
-            let mut stripe = |acc: __m512i, n: usize, koff: usize| -> __m512i {
+            let stripe = |acc: __m512i, n: usize, koff: usize| -> __m512i {
                 _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
                 let d = _mm512_loadu_si512(src.add(n * 64).cast());
                 if COPY {
                     _mm512_storeu_si512(dst.add(n * 64).cast(), d);
                 }
-                ornz = _mm512_or_si512(ornz, d);
                 let k = _mm512_loadu_si512(key.add(koff).cast());
                 let dk = _mm512_xor_si512(d, k);
                 let prod = _mm512_mul_epu32(dk, _mm512_srli_epi64::<32>(dk));
@@ -328,10 +333,9 @@ mod x86 {
                 acc = stripe(acc, 48 + s, s * 8);
             }
             acc = stripe(acc, 63, 192 - 64 - 7);
-            let nonzero = _mm512_test_epi64_mask(ornz, ornz) != 0;
             let mut out = [0u64; 8];
             _mm512_storeu_si512(out.as_mut_ptr().cast(), acc);
-            digest(out, nonzero)
+            digest(out, if COPY { dst.cast_const() } else { src })
         }
     }
 
@@ -349,14 +353,12 @@ mod x86 {
         unsafe {
             let mut a0 = _mm256_loadu_si256(INIT_ACC.as_ptr().cast());
             let mut a1 = _mm256_loadu_si256(INIT_ACC.as_ptr().add(4).cast());
-            let mut ornz = _mm256_setzero_si256();
             let prime = _mm256_set1_epi32(PRIME32_1 as i32);
-            let mut half = |acc: __m256i, off: usize, koff: usize| -> __m256i {
+            let half = |acc: __m256i, off: usize, koff: usize| -> __m256i {
                 let d = _mm256_loadu_si256(src.add(off).cast());
                 if COPY {
                     _mm256_storeu_si256(dst.add(off).cast(), d);
                 }
-                ornz = _mm256_or_si256(ornz, d);
                 let k = _mm256_loadu_si256(key.add(koff).cast());
                 let dk = _mm256_xor_si256(d, k);
                 let prod = _mm256_mul_epu32(dk, _mm256_srli_epi64::<32>(dk));
@@ -390,11 +392,10 @@ mod x86 {
             _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(63 * 64).cast());
             a0 = half(a0, 63 * 64, 121);
             a1 = half(a1, 63 * 64 + 32, 121 + 32);
-            let nonzero = _mm256_testz_si256(ornz, ornz) == 0;
             let mut out = [0u64; 8];
             _mm256_storeu_si256(out.as_mut_ptr().cast(), a0);
             _mm256_storeu_si256(out.as_mut_ptr().add(4).cast(), a1);
-            digest(out, nonzero)
+            digest(out, if COPY { dst.cast_const() } else { src })
         }
     }
 
