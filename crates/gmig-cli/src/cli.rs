@@ -167,8 +167,8 @@ pub enum BenchWhat {
         /// Hashing kernel (default: the widest this CPU runs).
         #[arg(long, value_enum, default_value_t = HashKernelArg::Auto)]
         kernel: HashKernelArg,
-        /// Prefetch distance in pages while hashing (0: no software prefetch; default: the
-        /// library's default).
+        /// Prefetch distance in pages while hashing (0: no software prefetch; default: chosen for
+        /// this CPU, 0 on AMD and 1 elsewhere).
         #[arg(long)]
         prefetch_pages: Option<usize>,
     },

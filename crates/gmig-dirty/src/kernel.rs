@@ -92,11 +92,21 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: forwarded caller contract; the feature was checked by `is_supported`.
             Kernel::Avx512 => unsafe {
-                x86::page_avx512::<false>(src, std::ptr::null_mut(), prefetch)
+                if prefetch == src {
+                    x86::page_avx512::<false, false>(src, std::ptr::null_mut(), prefetch)
+                } else {
+                    x86::page_avx512::<false, true>(src, std::ptr::null_mut(), prefetch)
+                }
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Kernel::Avx2 => unsafe { x86::page_avx2::<false>(src, std::ptr::null_mut(), prefetch) },
+            Kernel::Avx2 => unsafe {
+                if prefetch == src {
+                    x86::page_avx2::<false, false>(src, std::ptr::null_mut(), prefetch)
+                } else {
+                    x86::page_avx2::<false, true>(src, std::ptr::null_mut(), prefetch)
+                }
+            },
             _ => {
                 // SAFETY: caller guarantees PAGE_SIZE readable bytes. Guest memory may change
                 // under us; the hash is then of some torn view, which is why senders use the
@@ -122,10 +132,22 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: forwarded caller contract; the feature was checked by `is_supported`.
-            Kernel::Avx512 => unsafe { x86::page_avx512::<true>(src, dst, prefetch) },
+            Kernel::Avx512 => unsafe {
+                if prefetch == src {
+                    x86::page_avx512::<true, false>(src, dst, prefetch)
+                } else {
+                    x86::page_avx512::<true, true>(src, dst, prefetch)
+                }
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Kernel::Avx2 => unsafe { x86::page_avx2::<true>(src, dst, prefetch) },
+            Kernel::Avx2 => unsafe {
+                if prefetch == src {
+                    x86::page_avx2::<true, false>(src, dst, prefetch)
+                } else {
+                    x86::page_avx2::<true, true>(src, dst, prefetch)
+                }
+            },
             _ => {
                 // SAFETY: caller guarantees both ranges and that they do not overlap.
                 unsafe { std::ptr::copy_nonoverlapping(src, dst, PAGE_SIZE) };
@@ -246,10 +268,22 @@ pub(crate) unsafe fn read_raw(kernel: Kernel, src: *const u8, prefetch: *const u
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; feature availability is implied by the kernel choice.
-        Kernel::Avx512 => unsafe { x86::read_avx512(src, prefetch) },
+        Kernel::Avx512 => unsafe {
+            if prefetch == src {
+                x86::read_avx512::<false>(src, prefetch)
+            } else {
+                x86::read_avx512::<true>(src, prefetch)
+            }
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Kernel::Avx2 => unsafe { x86::read_avx2(src, prefetch) },
+        Kernel::Avx2 => unsafe {
+            if prefetch == src {
+                x86::read_avx2::<false>(src, prefetch)
+            } else {
+                x86::read_avx2::<true>(src, prefetch)
+            }
+        },
         _ => {
             let mut x = [0u64; 4];
             for i in (0..PAGE_SIZE).step_by(32) {
@@ -294,7 +328,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F available; `src` readable for 4096 bytes; `dst` writable for 4096 bytes when COPY.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn page_avx512<const COPY: bool>(
+    pub(super) unsafe fn page_avx512<const COPY: bool, const PF: bool>(
         src: *const u8,
         dst: *mut u8,
         pf: *const u8,
@@ -306,7 +340,9 @@ mod x86 {
             let mut acc = _mm512_loadu_si512(INIT_ACC.as_ptr().cast());
             let prime = _mm512_set1_epi32(PRIME32_1 as i32);
             let stripe = |acc: __m512i, n: usize, koff: usize| -> __m512i {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                }
                 let d = _mm512_loadu_si512(src.add(n * 64).cast());
                 if COPY {
                     _mm512_storeu_si512(dst.add(n * 64).cast(), d);
@@ -342,7 +378,7 @@ mod x86 {
     /// # Safety
     /// AVX2 available; `src` readable for 4096 bytes; `dst` writable for 4096 bytes when COPY.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn page_avx2<const COPY: bool>(
+    pub(super) unsafe fn page_avx2<const COPY: bool, const PF: bool>(
         src: *const u8,
         dst: *mut u8,
         pf: *const u8,
@@ -376,7 +412,9 @@ mod x86 {
             for b in 0..3 {
                 for s in 0..16 {
                     let n = b * 16 + s;
-                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                    if PF {
+                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                    }
                     a0 = half(a0, n * 64, s * 8);
                     a1 = half(a1, n * 64 + 32, s * 8 + 32);
                 }
@@ -385,11 +423,15 @@ mod x86 {
             }
             for s in 0..15 {
                 let n = 48 + s;
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                }
                 a0 = half(a0, n * 64, s * 8);
                 a1 = half(a1, n * 64 + 32, s * 8 + 32);
             }
-            _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(63 * 64).cast());
+            if PF {
+                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(63 * 64).cast());
+            }
             a0 = half(a0, 63 * 64, 121);
             a1 = half(a1, 63 * 64 + 32, 121 + 32);
             let mut out = [0u64; 8];
@@ -402,38 +444,46 @@ mod x86 {
     /// # Safety
     /// AVX-512F available; `src` readable for 4096 bytes.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn read_avx512(src: *const u8, pf: *const u8) -> u64 {
+    pub(super) unsafe fn read_avx512<const PF: bool>(src: *const u8, pf: *const u8) -> u64 {
         // SAFETY: loads at offsets < 4096 - 63 of `src`; prefetches never fault.
         unsafe {
-            let mut x = [_mm512_setzero_si512(); 4];
-            for i in 0..16 {
-                for (j, v) in x.iter_mut().enumerate() {
-                    let off = (i * 4 + j) * 64;
-                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off).cast());
-                    *v = _mm512_xor_si512(*v, _mm512_loadu_si512(src.add(off).cast()));
+            // One 64-byte load per stripe in ascending order, like the hashing kernels: a baseline
+            // whose loads the compiler reorders trains the hardware prefetchers worse.
+            let mut x = _mm512_setzero_si512();
+            for n in 0..64 {
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
                 }
+                let d = _mm512_loadu_si512(src.add(n * 64).cast());
+                x = _mm512_add_epi64(x, d);
+                std::arch::asm!("/* {0} */", in(zmm_reg) x, options(nomem, nostack, preserves_flags));
             }
-            let r = _mm512_xor_si512(_mm512_xor_si512(x[0], x[1]), _mm512_xor_si512(x[2], x[3]));
-            _mm512_reduce_or_epi64(r) as u64
+            _mm512_reduce_add_epi64(x) as u64
         }
     }
 
     /// # Safety
     /// AVX2 available; `src` readable for 4096 bytes.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn read_avx2(src: *const u8, pf: *const u8) -> u64 {
+    pub(super) unsafe fn read_avx2<const PF: bool>(src: *const u8, pf: *const u8) -> u64 {
         // SAFETY: loads at offsets < 4096 - 31 of `src`; prefetches never fault.
         unsafe {
-            let mut x = [_mm256_setzero_si256(); 4];
-            for i in 0..32 {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(i * 128).cast());
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(i * 128 + 64).cast());
-                for (j, v) in x.iter_mut().enumerate() {
-                    let off = i * 128 + j * 32;
-                    *v = _mm256_xor_si256(*v, _mm256_loadu_si256(src.add(off).cast()));
+            // Ascending loads, one stripe (two 32-byte halves) at a time; see `read_avx512`.
+            let (mut x0, mut x1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for n in 0..64 {
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
                 }
+                x0 = _mm256_add_epi64(x0, _mm256_loadu_si256(src.add(n * 64).cast()));
+                x1 = _mm256_add_epi64(x1, _mm256_loadu_si256(src.add(n * 64 + 32).cast()));
+                std::arch::asm!(
+                    "/* {0} {1} */",
+                    in(ymm_reg) x0,
+                    in(ymm_reg) x1,
+                    options(nomem, nostack, preserves_flags)
+                );
             }
-            let r = _mm256_xor_si256(_mm256_xor_si256(x[0], x[1]), _mm256_xor_si256(x[2], x[3]));
+            let r = _mm256_add_epi64(x0, x1);
             let mut out = [0u64; 4];
             _mm256_storeu_si256(out.as_mut_ptr().cast(), r);
             out[0] ^ out[1] ^ out[2] ^ out[3]

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use gmig_dirty::hasher::DEFAULT_PREFETCH_PAGES;
+use gmig_dirty::hasher::default_prefetch_pages;
 use gmig_dirty::vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use gmig_dirty::{GuestPages, HashSnapshot, Hasher, HasherOptions, Kernel, PAGE_SIZE};
 
@@ -28,7 +28,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
                     HashKernelArg::Avx2 => Some(Kernel::Avx2),
                     HashKernelArg::Avx512 => Some(Kernel::Avx512),
                 },
-                prefetch_pages: prefetch_pages.unwrap_or(DEFAULT_PREFETCH_PAGES),
+                prefetch_pages: prefetch_pages.unwrap_or_else(default_prefetch_pages),
             };
             hash(*size_mib, options, *reps, json)
         }
