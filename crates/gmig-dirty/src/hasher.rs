@@ -248,6 +248,7 @@ impl Hasher {
         let mut digests = vec![PageDigest::EMPTY; gfns.len()];
         let mut samples = vec![0u32; if snap.has_samples() { gfns.len() } else { 0 }];
         let kernel = self.kernel;
+        let prefetch = self.prefetch_pages > 0;
         let want_samples = snap.has_samples();
         self.pool.install(|| {
             buf.par_chunks_mut(PAGE_SIZE)
@@ -256,10 +257,10 @@ impl Hasher {
                 .with_min_len(16)
                 .try_for_each(|(i, (dst, d))| -> Result<()> {
                     let src = mem.host(gfns[i])?;
-                    let next = gfns
-                        .get(i + 1)
-                        .and_then(|&g| mem.host(g).ok())
-                        .unwrap_or(src);
+                    let next = match gfns.get(i + 1) {
+                        Some(&g) if prefetch => mem.host(g).unwrap_or(src),
+                        _ => src,
+                    };
                     // SAFETY: `src` is a mapped guest page (resolved by `mem`, alive for its
                     // borrow); `dst` is a distinct PAGE_SIZE chunk of `buf`; the kernel is
                     // supported (checked at construction).
