@@ -65,7 +65,7 @@ const MIN_TASK_PAGES: u64 = 256;
 /// Measured (docs/performance.md): on Intel Xeon cores, prefetching the next page raises hashing
 /// from 0.52–0.65 to 0.85–0.98 of read bandwidth, because the hardware streamer restarts at each
 /// 4 KiB page; on AMD Zen 4 the hardware prefetchers already cover page crossings and the software
-/// prefetch costs about 20%. So: 0 on AMD, 1 elsewhere.
+/// prefetch costs 20–45%. So: 0 on AMD, 1 elsewhere.
 pub fn default_prefetch_pages() -> usize {
     if cpu_vendor_is_amd() {
         0
