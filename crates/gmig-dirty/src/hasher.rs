@@ -77,7 +77,10 @@ pub fn default_prefetch_pages() -> usize {
 #[cfg(target_arch = "x86_64")]
 fn cpu_vendor_is_amd() -> bool {
     // CPUID leaf 0 returns the vendor string in EBX, EDX, ECX.
-    let r = std::arch::x86_64::__cpuid(0);
+    // `__cpuid` is a safe fn on current toolchains and was `unsafe` on older ones.
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID exists on every x86-64 CPU and leaf 0 has no side effects.
+    let r = unsafe { std::arch::x86_64::__cpuid(0) };
     let mut v = [0u8; 12];
     v[..4].copy_from_slice(&r.ebx.to_le_bytes());
     v[4..8].copy_from_slice(&r.edx.to_le_bytes());
