@@ -11,3 +11,6 @@
 //! **Must not know about:** vfio-user, QEMU's stream framing or any particular VMM: those live in
 //! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
 #![warn(missing_docs)]
+
+pub mod stream;
+pub mod transport;
