@@ -542,3 +542,69 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+fn decode_in_chunks(bytes: &[u8], chunks: &[usize]) -> gmig_core::stream::Result<Vec<Section>> {
+    use gmig_core::stream::StreamDecoder;
+    let mut d = StreamDecoder::new(StreamLimits::default(), Some(compat()));
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut i = 0;
+    while at < bytes.len() {
+        let n = chunks[i % chunks.len()].max(1).min(bytes.len() - at);
+        i += 1;
+        d.feed(&bytes[at..at + n])?;
+        at += n;
+        while let Some(s) = d.next_section()? {
+            out.push(s);
+        }
+    }
+    if d.finished().is_none() {
+        return Err(StreamError::Truncated {
+            offset: at as u64,
+            wanted: 1,
+        });
+    }
+    Ok(out)
+}
+
+#[test]
+fn push_decoder_refuses_bytes_after_end() {
+    use gmig_core::stream::StreamDecoder;
+    let bytes = recorded();
+    let mut d = StreamDecoder::new(StreamLimits::default(), None);
+    d.feed(&bytes).unwrap();
+    while d.next_section().unwrap().is_some() {}
+    assert!(d.finished().is_some());
+    assert!(matches!(
+        d.feed(&[0]),
+        Err(StreamError::TrailingBytes { count: 1, .. })
+    ));
+    assert!(d.feed(&[]).is_err(), "a failed decoder stays failed");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The push decoder yields exactly what the pull reader yields, however the bytes are cut.
+    #[test]
+    fn push_decoder_matches_pull_reader(chunks in proptest::collection::vec(1usize..5000, 1..8)) {
+        let bytes = recorded();
+        let loaded = load(&bytes[..], StreamLimits::default(), None).unwrap();
+        let sections = decode_in_chunks(&bytes, &chunks).unwrap();
+        let batches: Vec<&PageBatch> = sections.iter().filter_map(|s| match s {
+            Section::Pages(b) => Some(b),
+            _ => None,
+        }).collect();
+        prop_assert_eq!(batches, loaded.batches.iter().collect::<Vec<_>>());
+        prop_assert!(matches!(sections.last(), Some(Section::End(s)) if *s == loaded.summary));
+    }
+
+    /// The push decoder, too, rejects any corrupted byte.
+    #[test]
+    fn push_decoder_rejects_corruption(pos in 0usize..100_000, mask in 1u8..=255, chunk in 1usize..3000) {
+        let mut bytes = recorded();
+        let pos = pos % bytes.len();
+        bytes[pos] ^= mask;
+        prop_assert!(decode_in_chunks(&bytes, &[chunk]).is_err());
+    }
+}
