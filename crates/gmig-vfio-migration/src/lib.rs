@@ -11,3 +11,21 @@
 //!
 //! **Must not know about:** GEN commands or the vGPU model: devices are opaque behind the trait.
 #![warn(missing_docs)]
+
+pub mod device;
+pub mod dma_log;
+pub mod handle;
+pub mod kernel;
+pub mod state;
+pub mod target;
+pub mod testdev;
+pub mod v1;
+
+pub use device::{
+    ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, PrecopyInfo, RunControl,
+    StateLoader, StateSaver,
+};
+pub use handle::{DataStream, MigrationHandle, ReadOutcome, StreamId, StreamKind, Transition};
+pub use kernel::{IovaRange, KernelDevice, VfioMigrationOps};
+pub use state::{DeviceState, MigrationFeatures};
+pub use target::{MigrationTarget, TargetError};

@@ -1,0 +1,352 @@
+//! DMA dirty logging (`VFIO_DEVICE_FEATURE_DMA_LOGGING_START` / `_REPORT` / `_STOP`) for devices
+//! without hardware dirty tracking.
+//!
+//! A VMM asks the device to log which guest-RAM pages (IOVAs) it writes by DMA, then reads and
+//! clears a bitmap per range, and merges it with KVM's dirty log. QEMU refuses to migrate a VFIO
+//! device without this by default. A mediated vGPU has no IOMMU dirty bits, so the device side
+//! fills the log itself: from writes it knows it made (command-parser post-sync writes, blits)
+//! through [`DmaLogger::mark_dirty`], and from software dirty detection (page hashes compared by
+//! `gmig-dirty`) through [`DmaLogger::merge_bitmap`].
+//!
+//! The checks are the kernel's (`vfio_ioctl_device_feature_logging_start/report`): at least one
+//! range and at most [`MAX_RANGES`], ranges aligned to the page size, not overflowing, not
+//! overlapping; report page sizes are powers of two of at least 4 KiB; a report is
+//! read-and-clear; bit `i` of the report covers `[iova + i*page_size, +page_size)`.
+
+use crate::kernel::IovaRange;
+
+/// The kernel's limit on ranges (one page of `struct vfio_device_feature_dma_logging_range`).
+pub const MAX_RANGES: usize = 4096 / 16;
+/// Smallest page size a report may use.
+pub const MIN_PAGE_SIZE: u64 = 4096;
+/// Upper bound on the pages one logger tracks (a 1 TiB guest at 4 KiB pages is 2^28).
+pub const MAX_TRACKED_PAGES: u64 = 1 << 30;
+
+/// Errors of DMA logging.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DmaLogError {
+    /// No ranges were given.
+    #[error("DMA logging needs at least one range")]
+    NoRanges,
+    /// More ranges than the kernel accepts (`E2BIG`).
+    #[error("{0} ranges exceed the limit of {MAX_RANGES}")]
+    TooManyRanges(usize),
+    /// Page size not a power of two of at least 4 KiB.
+    #[error("page size 0x{0:x} is not a power of two >= 4 KiB")]
+    BadPageSize(u64),
+    /// A range not aligned to the page size, or empty.
+    #[error("range 0x{iova:x}+0x{length:x} is empty or not aligned to page size 0x{page_size:x}")]
+    Unaligned {
+        /// Range start.
+        iova: u64,
+        /// Range length.
+        length: u64,
+        /// The page size.
+        page_size: u64,
+    },
+    /// `iova + length` overflows (`EOVERFLOW`).
+    #[error("range 0x{iova:x}+0x{length:x} overflows")]
+    Overflow {
+        /// Range start.
+        iova: u64,
+        /// Range length.
+        length: u64,
+    },
+    /// Two ranges overlap.
+    #[error("ranges at 0x{a:x} and 0x{b:x} overlap")]
+    Overlap {
+        /// Start of the first range.
+        a: u64,
+        /// Start of the second range.
+        b: u64,
+    },
+    /// The ranges cover more pages than [`MAX_TRACKED_PAGES`].
+    #[error("ranges cover 0x{0:x} pages, more than the logger tracks")]
+    TooLarge(u64),
+    /// Logging is already started (the kernel allows one session per device).
+    #[error("DMA logging is already started")]
+    AlreadyStarted,
+    /// Logging is not started.
+    #[error("DMA logging is not started")]
+    NotStarted,
+    /// A merged bitmap does not match the range it claims to cover.
+    #[error("bitmap of {words} words is too short for 0x{pages:x} pages")]
+    ShortBitmap {
+        /// Words given.
+        words: usize,
+        /// Pages to cover.
+        pages: u64,
+    },
+}
+
+/// Result type of DMA logging.
+pub type Result<T> = std::result::Result<T, DmaLogError>;
+
+#[derive(Debug, Clone)]
+struct Tracked {
+    range: IovaRange,
+    bits: Vec<u64>,
+}
+
+fn check_page_size(page_size: u64) -> Result<()> {
+    if page_size < MIN_PAGE_SIZE || !page_size.is_power_of_two() {
+        return Err(DmaLogError::BadPageSize(page_size));
+    }
+    Ok(())
+}
+
+fn end_of(r: IovaRange) -> Result<u64> {
+    r.iova.checked_add(r.length).ok_or(DmaLogError::Overflow {
+        iova: r.iova,
+        length: r.length,
+    })
+}
+
+fn set_bit(bits: &mut [u64], i: u64) {
+    if let Some(w) = bits.get_mut((i / 64) as usize) {
+        *w |= 1 << (i % 64);
+    }
+}
+
+fn get_bit(bits: &[u64], i: u64) -> bool {
+    bits.get((i / 64) as usize)
+        .is_some_and(|w| w & (1 << (i % 64)) != 0)
+}
+
+/// A device's DMA dirty log: the tracked IOVA ranges and one bit per tracked page.
+#[derive(Debug, Clone)]
+pub struct DmaLogger {
+    page_size: u64,
+    tracked: Vec<Tracked>,
+}
+
+impl DmaLogger {
+    /// `LOGGING_START`: validates the request like the kernel and starts with a clean log.
+    pub fn start(page_size: u64, ranges: &[IovaRange]) -> Result<DmaLogger> {
+        check_page_size(page_size)?;
+        if ranges.is_empty() {
+            return Err(DmaLogError::NoRanges);
+        }
+        if ranges.len() > MAX_RANGES {
+            return Err(DmaLogError::TooManyRanges(ranges.len()));
+        }
+        let mut sorted = ranges.to_vec();
+        sorted.sort_by_key(|r| r.iova);
+        let mut total_pages = 0u64;
+        let mut prev: Option<(u64, u64)> = None;
+        let mut tracked = Vec::with_capacity(sorted.len());
+        for r in sorted {
+            if r.length == 0 || r.iova % page_size != 0 || r.length % page_size != 0 {
+                return Err(DmaLogError::Unaligned {
+                    iova: r.iova,
+                    length: r.length,
+                    page_size,
+                });
+            }
+            let end = end_of(r)?;
+            if let Some((pstart, pend)) = prev {
+                if r.iova < pend {
+                    return Err(DmaLogError::Overlap {
+                        a: pstart,
+                        b: r.iova,
+                    });
+                }
+            }
+            prev = Some((r.iova, end));
+            let pages = r.length / page_size;
+            total_pages = total_pages.saturating_add(pages);
+            if total_pages > MAX_TRACKED_PAGES {
+                return Err(DmaLogError::TooLarge(total_pages));
+            }
+            tracked.push(Tracked {
+                range: r,
+                bits: vec![0; pages.div_ceil(64) as usize],
+            });
+        }
+        Ok(DmaLogger { page_size, tracked })
+    }
+
+    /// The tracking page size.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+
+    /// The tracked ranges, sorted by IOVA.
+    pub fn ranges(&self) -> impl Iterator<Item = IovaRange> + '_ {
+        self.tracked.iter().map(|t| t.range)
+    }
+
+    /// Records a device write of `len` bytes at `iova`. Parts outside the tracked ranges are not
+    /// logged (as with hardware trackers). Returns how many tracked pages the write touched.
+    pub fn mark_dirty(&mut self, iova: u64, len: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let end = iova.saturating_add(len);
+        let ps = self.page_size;
+        let mut touched = 0;
+        for t in &mut self.tracked {
+            let tend = t.range.iova + t.range.length;
+            let lo = iova.max(t.range.iova);
+            let hi = end.min(tend);
+            if lo >= hi {
+                continue;
+            }
+            let first = (lo - t.range.iova) / ps;
+            let last = (hi - 1 - t.range.iova) / ps;
+            for p in first..=last {
+                set_bit(&mut t.bits, p);
+            }
+            touched += last - first + 1;
+        }
+        touched
+    }
+
+    /// Merges a bitmap (bit `i` = page `iova + i*page_size` dirty, `page_size` a power of two
+    /// >= 4 KiB) covering `pages` pages, e.g. a hash diff from `gmig-dirty`.
+    pub fn merge_bitmap(
+        &mut self,
+        iova: u64,
+        page_size: u64,
+        pages: u64,
+        bits: &[u64],
+    ) -> Result<()> {
+        check_page_size(page_size)?;
+        if (bits.len() as u64).saturating_mul(64) < pages {
+            return Err(DmaLogError::ShortBitmap {
+                words: bits.len(),
+                pages,
+            });
+        }
+        for i in 0..pages {
+            if get_bit(bits, i) {
+                let at = i
+                    .checked_mul(page_size)
+                    .and_then(|o| o.checked_add(iova))
+                    .ok_or(DmaLogError::Overflow {
+                        iova,
+                        length: pages.saturating_mul(page_size),
+                    })?;
+                self.mark_dirty(at, page_size);
+            }
+        }
+        Ok(())
+    }
+
+    /// `LOGGING_REPORT`: the bitmap of `[iova, iova+length)` at `page_size` granularity, and
+    /// the covered tracked pages are cleared (read-and-clear). A report page is dirty when any
+    /// tracked page overlapping it is dirty.
+    pub fn report(&mut self, iova: u64, length: u64, page_size: u64) -> Result<Vec<u64>> {
+        check_page_size(page_size)?;
+        let end = end_of(IovaRange { iova, length })?;
+        let pages = length.div_ceil(page_size);
+        if pages > MAX_TRACKED_PAGES {
+            return Err(DmaLogError::TooLarge(pages));
+        }
+        let mut out = vec![0u64; pages.div_ceil(64) as usize];
+        let ps = self.page_size;
+        for t in &mut self.tracked {
+            let tend = t.range.iova + t.range.length;
+            let lo = iova.max(t.range.iova);
+            let hi = end.min(tend);
+            if lo >= hi {
+                continue;
+            }
+            let first = (lo - t.range.iova) / ps;
+            let last = (hi - 1 - t.range.iova) / ps;
+            // Walk the set bits word by word: clean memory costs one load per 64 pages.
+            let mut dirty = Vec::new();
+            for w in first / 64..=last / 64 {
+                let Some(&word) = t.bits.get(w as usize) else {
+                    break;
+                };
+                let mut word = word;
+                while word != 0 {
+                    let p = w * 64 + u64::from(word.trailing_zeros());
+                    word &= word - 1;
+                    if (first..=last).contains(&p) {
+                        dirty.push(p);
+                    }
+                }
+            }
+            for p in dirty {
+                {
+                    // Tracked page p covers [pstart, pstart+ps); set every report page it meets
+                    // within the reported range.
+                    let pstart = t.range.iova + p * ps;
+                    let a = pstart.max(iova);
+                    let b = (pstart + ps).min(end);
+                    for q in (a - iova) / page_size..=(b - 1 - iova) / page_size {
+                        set_bit(&mut out, q);
+                    }
+                    // Clear only tracked pages wholly inside the report; a partially reported
+                    // page stays dirty so a later report still sees it.
+                    if pstart >= iova && pstart + ps <= end {
+                        if let Some(w) = t.bits.get_mut((p / 64) as usize) {
+                            *w &= !(1 << (p % 64));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Number of dirty tracked pages.
+    pub fn dirty_pages(&self) -> u64 {
+        self.tracked
+            .iter()
+            .map(|t| {
+                t.bits
+                    .iter()
+                    .map(|w| u64::from(w.count_ones()))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}
+
+/// A device's optional logger with the `LOGGING_*` semantics: start fails while started
+/// (`EBUSY` in vfio-ioctls), report and stop fail when not started. Devices embed one and forward
+/// [`crate::device::DirtyLogging`] to it.
+#[derive(Debug, Clone, Default)]
+pub struct DmaLogSlot(Option<DmaLogger>);
+
+impl DmaLogSlot {
+    /// `LOGGING_START`.
+    pub fn start(&mut self, page_size: u64, ranges: &[IovaRange]) -> Result<u64> {
+        if self.0.is_some() {
+            return Err(DmaLogError::AlreadyStarted);
+        }
+        let l = DmaLogger::start(page_size, ranges)?;
+        let ps = l.page_size();
+        self.0 = Some(l);
+        Ok(ps)
+    }
+
+    /// `LOGGING_STOP`.
+    pub fn stop(&mut self) -> Result<()> {
+        self.0.take().map(|_| ()).ok_or(DmaLogError::NotStarted)
+    }
+
+    /// `LOGGING_REPORT`.
+    pub fn report(&mut self, iova: u64, length: u64, page_size: u64) -> Result<Vec<u64>> {
+        self.0
+            .as_mut()
+            .ok_or(DmaLogError::NotStarted)?
+            .report(iova, length, page_size)
+    }
+
+    /// Records a device write (no-op when logging is off).
+    pub fn mark_dirty(&mut self, iova: u64, len: u64) {
+        if let Some(l) = self.0.as_mut() {
+            l.mark_dirty(iova, len);
+        }
+    }
+
+    /// The running logger.
+    pub fn logger(&mut self) -> Option<&mut DmaLogger> {
+        self.0.as_mut()
+    }
+}
