@@ -12,5 +12,6 @@
 //! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
 #![warn(missing_docs)]
 
+pub mod migration;
 pub mod stream;
 pub mod transport;
