@@ -12,6 +12,14 @@
 //! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
+pub mod exec;
+pub mod gm;
+pub mod gtt;
 pub mod migration;
+pub mod mmio;
+pub mod shadow;
 pub mod stream;
 pub mod transport;
+pub mod vgpu;
+pub mod workload;

@@ -1,0 +1,589 @@
+//! The walker: ring → first-level batch → second-level batch.
+//!
+//! - The ring is read from `head` to `tail`, wrapping at its end; a command may straddle the wrap.
+//! - MI_BATCH_BUFFER_START in the ring starts a first-level batch; when that batch (or one it
+//!   chained to) ends with MI_BATCH_BUFFER_END, the walk returns to the ring after the start
+//!   command.
+//! - In a first-level batch, MI_BATCH_BUFFER_START with the second-level bit (DW0 bit 22) calls a
+//!   second-level batch, which returns to the command after the call; without it, it chains
+//!   (jumps, never returns).
+//! - MI_BATCH_BUFFER_START inside a second-level batch, and a second-level call from the ring, are
+//!   errors.
+//! - A batch started through the GGTT from a privileged buffer is privileged; any other is not.
+//! - A [`Budget`] bounds commands, batch bytes and batch starts, so that a batch that chains to
+//!   itself ends in [`WalkError::Budget`], not a hang.
+//!
+//! Memory is read only through the caller's [`GpuMemory`]; batches are fetched page by page.
+
+use thiserror::Error;
+
+use crate::addr::{AddressSpace, GgttOffset, SliceMove, VgpuSlices, GTT_PAGE_SIZE};
+use crate::audit::{self, AuditError, AuditReport};
+use crate::decode::{BatchContext, BatchLevel, DecodeError, Decoded};
+use crate::memory::{GpuMemory, GpuMemoryMut, MemoryError};
+use crate::remap::{self, RemapError, RemapStats};
+use crate::table::{self, Engine, Gen, Hook};
+
+/// A ring buffer: `size` bytes at `start` in the GGTT, commands from `head` up to `tail`
+/// (byte offsets into the ring; `head > tail` wraps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RingSpan {
+    /// GGTT offset of the ring.
+    pub start: GgttOffset,
+    /// Ring size in bytes (a multiple of 4 KiB).
+    pub size: u64,
+    /// Offset of the first command.
+    pub head: u64,
+    /// Offset one past the last command.
+    pub tail: u64,
+}
+
+/// Bounds on the work of one walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Budget {
+    /// Commands decoded, all levels together.
+    pub max_commands: u64,
+    /// Bytes of commands read from the ring and batches.
+    pub max_batch_bytes: u64,
+    /// MI_BATCH_BUFFER_START commands followed.
+    pub max_batches: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            max_commands: 1 << 20,
+            max_batch_bytes: 64 << 20,
+            max_batches: 4096,
+        }
+    }
+}
+
+/// Why a walk stopped.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum WalkError {
+    /// The ring description is invalid.
+    #[error("bad ring: start 0x{start:x} size 0x{size:x} head 0x{head:x} tail 0x{tail:x}")]
+    BadRing {
+        /// Ring start.
+        start: u64,
+        /// Ring size.
+        size: u64,
+        /// Head offset.
+        head: u64,
+        /// Tail offset.
+        tail: u64,
+    },
+    /// A command did not decode.
+    #[error("{space} 0x{addr:x}: {err}")]
+    Decode {
+        /// Space of the buffer.
+        space: AddressSpace,
+        /// Address of the command.
+        addr: u64,
+        /// The error (offset: dwords from the buffer start).
+        err: DecodeError,
+    },
+    /// Memory could not be read or written.
+    #[error("memory: {0}")]
+    Memory(#[from] MemoryError),
+    /// The budget ran out.
+    #[error("budget of {what} exhausted (limit {limit})")]
+    Budget {
+        /// Which budget.
+        what: &'static str,
+        /// Its limit.
+        limit: u64,
+    },
+    /// MI_BATCH_BUFFER_START in a second-level batch, or a second-level call from the ring.
+    #[error("{space} 0x{addr:x}: illegal batch nesting")]
+    Nesting {
+        /// Space of the buffer.
+        space: AddressSpace,
+        /// Address of the command.
+        addr: u64,
+    },
+    /// A command failed the audit.
+    #[error("{space} 0x{addr:x}: {err}")]
+    Audit {
+        /// Space of the buffer.
+        space: AddressSpace,
+        /// Address of the command.
+        addr: u64,
+        /// The error (offset: dwords from the buffer start).
+        err: AuditError,
+    },
+    /// A command could not be remapped.
+    #[error("{space} 0x{addr:x}: {err}")]
+    Remap {
+        /// Space of the buffer.
+        space: AddressSpace,
+        /// Address of the command.
+        addr: u64,
+        /// The error.
+        err: RemapError,
+    },
+    /// The visitor refused a command.
+    #[error("{space} 0x{addr:x}: {reason}")]
+    Rejected {
+        /// Space of the buffer.
+        space: AddressSpace,
+        /// Address of the command.
+        addr: u64,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// Result type of this module.
+pub type Result<T> = core::result::Result<T, WalkError>;
+
+/// A command met during a walk.
+#[derive(Clone, Copy, Debug)]
+pub struct WalkedCommand<'a> {
+    /// The command (its `offset` counts dwords from the start of its buffer: the ring head, or
+    /// the batch start).
+    pub cmd: Decoded<'a>,
+    /// Space the command was fetched through.
+    pub space: AddressSpace,
+    /// Address of DW0.
+    pub addr: u64,
+    /// The buffer's context.
+    pub ctx: BatchContext,
+    wrap: Option<(u64, u64)>,
+}
+
+impl WalkedCommand<'_> {
+    /// Address of dword `i` of the command (following the ring's wrap).
+    pub fn dword_addr(&self, i: usize) -> u64 {
+        let delta = (i as u64).saturating_mul(4);
+        match self.wrap {
+            Some((start, size)) if size != 0 => {
+                let off = self.addr.wrapping_sub(start).wrapping_add(delta) % size;
+                start.wrapping_add(off)
+            }
+            _ => self.addr.wrapping_add(delta),
+        }
+    }
+}
+
+/// What a walk saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkSummary {
+    /// Commands visited.
+    pub commands: u64,
+    /// Batch starts followed.
+    pub batches: u64,
+    /// Command bytes read.
+    pub bytes: u64,
+}
+
+/// Visitor callback type.
+pub type Visit<'v> = dyn FnMut(&WalkedCommand<'_>) -> Result<()> + 'v;
+
+struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
+    gen: Gen,
+    engine: Engine,
+    mem: &'m M,
+    budget: Budget,
+    sum: WalkSummary,
+    visit: &'v mut Visit<'f>,
+    buf: Vec<u32>,
+}
+
+/// Largest command: a 16-bit length field plus bias.
+const MAX_CMD_DWORDS: usize = (1 << 16) + 2;
+
+impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
+    fn charge(&mut self, dwords: usize) -> Result<()> {
+        self.sum.commands += 1;
+        if self.sum.commands > self.budget.max_commands {
+            return Err(WalkError::Budget {
+                what: "commands",
+                limit: self.budget.max_commands,
+            });
+        }
+        self.sum.bytes = self
+            .sum
+            .bytes
+            .saturating_add((dwords as u64).saturating_mul(4));
+        if self.sum.bytes > self.budget.max_batch_bytes {
+            return Err(WalkError::Budget {
+                what: "batch bytes",
+                limit: self.budget.max_batch_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn start_batch(&mut self) -> Result<()> {
+        self.sum.batches += 1;
+        if self.sum.batches > self.budget.max_batches {
+            return Err(WalkError::Budget {
+                what: "batches",
+                limit: self.budget.max_batches,
+            });
+        }
+        Ok(())
+    }
+
+    /// Target of a BB_START: (space, address).
+    fn bb_target(cmd: &Decoded<'_>, ctx: &BatchContext) -> (AddressSpace, u64) {
+        match cmd.addresses(ctx).next() {
+            Some(u) => (u.space, u.addr),
+            None => (AddressSpace::Ggtt, 0),
+        }
+    }
+
+    /// Fetches the command at `addr` into `self.buf`; returns its length in dwords.
+    fn fetch(&mut self, space: AddressSpace, addr: u64, offset: usize) -> Result<usize> {
+        let mut dw0 = [0u32; 1];
+        self.mem.read_dwords(space, addr, &mut dw0)?;
+        let dw0 = dw0[0];
+        let desc = table::lookup(self.gen, self.engine, dw0).ok_or(WalkError::Decode {
+            space,
+            addr,
+            err: DecodeError::UnknownOpcode { offset, dw0 },
+        })?;
+        let len = desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS);
+        let bytes = (len as u64) * 4;
+        if self.sum.bytes.saturating_add(bytes) > self.budget.max_batch_bytes {
+            return Err(WalkError::Budget {
+                what: "batch bytes",
+                limit: self.budget.max_batch_bytes,
+            });
+        }
+        addr.checked_add(bytes).ok_or(MemoryError::Overflow {
+            space,
+            addr,
+            len: len * 4,
+        })?;
+        self.buf.clear();
+        self.buf.resize(len, 0);
+        self.mem.read_dwords(space, addr, &mut self.buf)?;
+        Ok(len)
+    }
+
+    /// Walks a batch from `addr` until it returns. `ctx.level` is First or Second.
+    fn batch(
+        &mut self,
+        mut space: AddressSpace,
+        mut addr: u64,
+        mut ctx: BatchContext,
+    ) -> Result<()> {
+        self.start_batch()?;
+        let mut start = addr;
+        loop {
+            let offset = usize::try_from(addr.wrapping_sub(start) / 4).unwrap_or(usize::MAX);
+            self.fetch(space, addr, offset)?;
+            let buf = core::mem::take(&mut self.buf);
+            let cmd = crate::decode::decode_one(self.gen, self.engine, &buf, offset)
+                .map_err(|err| WalkError::Decode { space, addr, err })?;
+            self.charge(cmd.len())?;
+            let w = WalkedCommand {
+                cmd,
+                space,
+                addr,
+                ctx,
+                wrap: None,
+            };
+            (self.visit)(&w)?;
+            let next = addr
+                .checked_add((cmd.len() as u64) * 4)
+                .ok_or(MemoryError::Overflow {
+                    space,
+                    addr,
+                    len: cmd.len() * 4,
+                })?;
+            match cmd.desc.hook {
+                Hook::BatchEnd => {
+                    self.buf = buf;
+                    return Ok(());
+                }
+                Hook::BatchStart => {
+                    if ctx.level == BatchLevel::Second {
+                        return Err(WalkError::Nesting { space, addr });
+                    }
+                    let (tspace, taddr) = Self::bb_target(&cmd, &ctx);
+                    if cmd.is_second_level_call() {
+                        let child = BatchContext::batch(BatchLevel::Second, tspace, ctx);
+                        self.buf = buf;
+                        self.batch(tspace, taddr, child)?;
+                        addr = next;
+                    } else {
+                        // Chain: a new first-level batch; no return here.
+                        self.start_batch()?;
+                        ctx = BatchContext::batch(BatchLevel::First, tspace, ctx);
+                        space = tspace;
+                        addr = taddr;
+                        start = taddr;
+                        self.buf = buf;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            self.buf = buf;
+            addr = next;
+        }
+    }
+
+    fn ring(&mut self, ring: RingSpan) -> Result<()> {
+        let bad = WalkError::BadRing {
+            start: ring.start.0,
+            size: ring.size,
+            head: ring.head,
+            tail: ring.tail,
+        };
+        if ring.size == 0
+            || ring.size % GTT_PAGE_SIZE != 0
+            || ring.head >= ring.size
+            || ring.tail >= ring.size
+            || ring.head % 4 != 0
+            || ring.tail % 4 != 0
+            || ring.start.0 % GTT_PAGE_SIZE != 0
+            || ring.start.0.checked_add(ring.size).is_none()
+        {
+            return Err(bad);
+        }
+        let used = if ring.tail >= ring.head {
+            ring.tail - ring.head
+        } else {
+            ring.size - ring.head + ring.tail
+        };
+        if used > self.budget.max_batch_bytes {
+            return Err(WalkError::Budget {
+                what: "batch bytes",
+                limit: self.budget.max_batch_bytes,
+            });
+        }
+        let n = usize::try_from(used / 4).map_err(|_| bad)?;
+        let mut lin = vec![0u32; n];
+        let first = usize::try_from((ring.size - ring.head).min(used) / 4).map_err(|_| bad)?;
+        let (a, b) = lin.split_at_mut(first.min(n));
+        self.mem
+            .read_dwords(AddressSpace::Ggtt, ring.start.0 + ring.head, a)?;
+        if !b.is_empty() {
+            self.mem.read_dwords(AddressSpace::Ggtt, ring.start.0, b)?;
+        }
+        let ctx = BatchContext::RING;
+        let mut pos = 0usize;
+        while pos < lin.len() {
+            let addr = ring.start.0 + (ring.head + (pos as u64) * 4) % ring.size;
+            let rest = lin.get(pos..).unwrap_or(&[]);
+            let cmd =
+                crate::decode::decode_one(self.gen, self.engine, rest, pos).map_err(|err| {
+                    WalkError::Decode {
+                        space: AddressSpace::Ggtt,
+                        addr,
+                        err,
+                    }
+                })?;
+            self.charge(cmd.len())?;
+            let w = WalkedCommand {
+                cmd,
+                space: AddressSpace::Ggtt,
+                addr,
+                ctx,
+                wrap: Some((ring.start.0, ring.size)),
+            };
+            (self.visit)(&w)?;
+            if cmd.desc.hook == Hook::BatchStart {
+                if cmd.is_second_level_call() {
+                    return Err(WalkError::Nesting {
+                        space: AddressSpace::Ggtt,
+                        addr,
+                    });
+                }
+                let (tspace, taddr) = Self::bb_target(&cmd, &ctx);
+                self.batch(tspace, taddr, BatchContext::first_level(tspace))?;
+            }
+            pos += cmd.len();
+        }
+        Ok(())
+    }
+}
+
+/// Walks the ring and every batch it starts, calling `visit` on each command in execution order.
+pub fn walk<M: GpuMemory + ?Sized>(
+    gen: Gen,
+    engine: Engine,
+    mem: &M,
+    ring: RingSpan,
+    budget: Budget,
+    visit: &mut Visit<'_>,
+) -> Result<WalkSummary> {
+    let mut w = Walker {
+        gen,
+        engine,
+        mem,
+        budget,
+        sum: WalkSummary::default(),
+        visit,
+        buf: Vec::new(),
+    };
+    w.ring(ring)?;
+    Ok(w.sum)
+}
+
+/// Walks one batch buffer starting at (`space`, `addr`) with context `ctx` (a first-level batch
+/// follows chains and second-level calls; a second-level one returns at its end).
+#[allow(clippy::too_many_arguments)]
+pub fn walk_batch<M: GpuMemory + ?Sized>(
+    gen: Gen,
+    engine: Engine,
+    mem: &M,
+    space: AddressSpace,
+    addr: u64,
+    ctx: BatchContext,
+    budget: Budget,
+    visit: &mut Visit<'_>,
+) -> Result<WalkSummary> {
+    let mut w = Walker {
+        gen,
+        engine,
+        mem,
+        budget,
+        sum: WalkSummary::default(),
+        visit,
+        buf: Vec::new(),
+    };
+    let ctx = if ctx.level == BatchLevel::Ring {
+        BatchContext::first_level(space)
+    } else {
+        ctx
+    };
+    w.batch(space, addr, ctx)?;
+    Ok(w.sum)
+}
+
+fn audit_walked(w: &WalkedCommand<'_>, slices: &VgpuSlices, rep: &mut AuditReport) -> Result<()> {
+    let wrap = |err| WalkError::Audit {
+        space: w.space,
+        addr: w.addr,
+        err,
+    };
+    if w.space == AddressSpace::Ggtt {
+        // The command's own bytes must lie in the vGPU's memory.
+        let len = (w.cmd.len() as u64) * 4;
+        let ok = if w.wrap.is_some() {
+            slices.contains(w.addr, 4)
+        } else {
+            slices.contains(w.addr, len)
+        };
+        if !ok {
+            return Err(wrap(AuditError::OutOfSlice {
+                offset: w.cmd.offset,
+                name: w.cmd.desc.name,
+                field: "(command location)",
+                start: w.addr,
+                len,
+            }));
+        }
+    }
+    audit::audit_shape(&w.cmd, &w.ctx).map_err(wrap)?;
+    for u in w.cmd.addresses(&w.ctx) {
+        match u.space {
+            AddressSpace::Ggtt => {
+                audit::check_ggtt(&w.cmd, &w.ctx, &u, slices).map_err(wrap)?;
+                rep.ggtt_uses += 1;
+            }
+            AddressSpace::Ppgtt => rep.ppgtt_uses += 1,
+        }
+    }
+    rep.commands += 1;
+    Ok(())
+}
+
+/// Walks and audits the ring and every batch it starts against `slices` (the ring itself must lie
+/// inside them too).
+pub fn audit_walk<M: GpuMemory + ?Sized>(
+    gen: Gen,
+    engine: Engine,
+    mem: &M,
+    ring: RingSpan,
+    budget: Budget,
+    slices: &VgpuSlices,
+) -> Result<AuditReport> {
+    if !slices.contains(ring.start.0, ring.size) {
+        return Err(WalkError::Audit {
+            space: AddressSpace::Ggtt,
+            addr: ring.start.0,
+            err: AuditError::OutOfSlice {
+                offset: 0,
+                name: "(ring)",
+                field: "(ring location)",
+                start: ring.start.0,
+                len: ring.size,
+            },
+        });
+    }
+    let mut rep = AuditReport::default();
+    walk(gen, engine, mem, ring, budget, &mut |w| {
+        audit_walked(w, slices, &mut rep)
+    })?;
+    Ok(rep)
+}
+
+/// One dword rewrite in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MemEdit {
+    space: AddressSpace,
+    addr: u64,
+    old: u32,
+    new: u32,
+}
+
+/// Rebases every GGTT address in the ring and the batches it starts, in memory, from `mv.from`
+/// to `mv.to`. `mem` must resolve the addresses the buffers hold (source-layout GGTT offsets).
+/// All or nothing: every command is decoded, audited and rebased before the first write; should a
+/// write fail, the writes already done are undone.
+pub fn remap_walk<M: GpuMemoryMut + ?Sized>(
+    gen: Gen,
+    engine: Engine,
+    mem: &mut M,
+    ring: RingSpan,
+    budget: Budget,
+    mv: &SliceMove,
+) -> Result<RemapStats> {
+    let mut edits: Vec<MemEdit> = Vec::new();
+    let mut stats = RemapStats::default();
+    let mut local = Vec::new();
+    walk(gen, engine, &*mem, ring, budget, &mut |w| {
+        let wrap = |err| WalkError::Remap {
+            space: w.space,
+            addr: w.addr,
+            err,
+        };
+        let cmd = Decoded { offset: 0, ..w.cmd };
+        local.clear();
+        remap::plan_command(&cmd, &w.ctx, mv, 0, &mut local, &mut stats).map_err(wrap)?;
+        for e in &local {
+            for i in 0..e.width.dwords() {
+                let at = e.at + i;
+                let old = cmd.dwords.get(at).copied().unwrap_or(0);
+                let new = (e.value >> (32 * i)) as u32;
+                if old != new {
+                    edits.push(MemEdit {
+                        space: w.space,
+                        addr: w.dword_addr(at),
+                        old,
+                        new,
+                    });
+                }
+            }
+        }
+        Ok(())
+    })?;
+    for (i, e) in edits.iter().enumerate() {
+        if let Err(err) = mem.write(e.space, e.addr, &e.new.to_le_bytes()) {
+            for u in edits.iter().take(i).rev() {
+                // Best effort: the same pages were just written successfully.
+                let _ = mem.write(u.space, u.addr, &u.old.to_le_bytes());
+            }
+            return Err(WalkError::Memory(err));
+        }
+    }
+    Ok(stats)
+}

@@ -1,0 +1,470 @@
+//! The reference engine: really executes a subset of GEN commands against guest memory.
+//!
+//! It runs a shadowed [`Workload`] (control flow already followed by the walk, GGTT addresses
+//! already in host slices). Executed: `MI_NOOP`, `MI_BATCH_BUFFER_START/END` (flow), `MI_STORE_DATA_IMM`,
+//! `MI_LOAD_REGISTER_IMM`, `MI_FLUSH_DW` and `PIPE_CONTROL` post-sync writes, `MI_USER_INTERRUPT`,
+//! `XY_COLOR_BLT`, `XY_SRC_COPY_BLT`, `XY_FAST_COPY_BLT` (linear and X-tiled), and a model of
+//! `3DPRIMITIVE` / `GPGPU_WALKER` / the media object that writes the bound render target and depth
+//! buffer (or the bound output buffer). Every other valid command is decoded, skipped and counted.
+//!
+//! A draw is modelled as a deterministic fill of its bound surfaces. Real hardware runs shaders that
+//! may write anywhere the context can reach, which is why gmig-cmdparser's write set for a draw is
+//! *unknown* and dirty-page narrowing must widen there; the model's own writes are recorded
+//! separately ([`crate::vgpu::WriteLog::actual`]) so tests can check candidate sets stay sound.
+
+use crate::gm::Gfn;
+use crate::gtt::{GpuView, GttError, Space};
+use crate::mmio::lrc;
+use crate::vgpu::{FaultKind, GpuFault, ShadowCommand, Vgpu, Workload};
+
+/// Bytes per pixel from a BR13-style colour-depth field (bits 25:24).
+fn br13_bpp(dw1: u32) -> u32 {
+    match (dw1 >> 24) & 3 {
+        0 => 1,
+        1 | 2 => 2,
+        _ => 4,
+    }
+}
+
+/// A 48-bit address from two dwords, low bits masked.
+fn addr48(lo: u32, hi: u32, low_mask: u32) -> u64 {
+    (u64::from(hi & 0xffff) << 32) | u64::from(lo & !low_mask)
+}
+
+/// Surface tiling the blitter understands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tiling {
+    Linear,
+    X,
+}
+
+/// A 2D surface in GPU address space.
+#[derive(Clone, Copy, Debug)]
+struct Surface {
+    space: Space,
+    base: u64,
+    pitch: u64,
+    tiling: Tiling,
+}
+
+impl Surface {
+    /// Address of byte `x` of row `y`, and how many bytes are contiguous from there (within row
+    /// length `len`).
+    fn span(&self, x: u64, y: u64, len: u64) -> Option<(u64, u64)> {
+        match self.tiling {
+            Tiling::Linear => Some((self.base.checked_add(y.checked_mul(self.pitch)?.checked_add(x)?)?, len)),
+            Tiling::X => {
+                // X tile: 512 bytes x 8 rows = 4 KiB, tiles laid out row-major.
+                let tiles_per_row = self.pitch / 512;
+                let tile = (y / 8).checked_mul(tiles_per_row)?.checked_add(x / 512)?;
+                let off = tile.checked_mul(4096)? + (y % 8) * 512 + x % 512;
+                Some((self.base.checked_add(off)?, len.min(512 - x % 512)))
+            }
+        }
+    }
+}
+
+/// Per-workload 3D/media state the draw model needs.
+#[derive(Clone, Copy, Debug, Default)]
+struct PipeState {
+    surface_base: Option<u64>,
+    binding_table: Option<u32>,
+    depth: Option<(u64, u64, u32, u32)>, // address, pitch, width, height
+    depth_clear: u32,
+    media_out: Option<(u64, u64, u32, u32)>, // NV12 output: address, pitch, width, height
+}
+
+struct Ctx<'a> {
+    view: GpuView<'a>,
+    written: Vec<Gfn>,
+}
+
+impl Ctx<'_> {
+    fn write(&mut self, space: Space, addr: u64, data: &[u8]) -> Result<(), GttError> {
+        self.view.write(space, addr, data, &mut self.written)
+    }
+}
+
+/// Register writes and interrupts an executed command asks for.
+enum SideEffect {
+    Reg(u32, u32),
+    Interrupt,
+}
+
+/// Executes one workload on the vGPU, then completes its context.
+pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
+    let gen = vgpu.cfg.gen;
+    let mut effects = Vec::new();
+    let mut pipe = PipeState::default();
+    let mut fault: Option<String> = None;
+    let mut clock = vgpu.stats.clock;
+    let mut executed = 0u64;
+    let mut skipped: Vec<&'static str> = Vec::new();
+    let mut written = Vec::new();
+    let mut log = crate::vgpu::WriteLog::default();
+    {
+        let mut ctx = Ctx { view: vgpu.host_view(w.pml4), written: Vec::new() };
+        for cmd in &w.commands {
+            let name = crate::shadow::log_write_set(gen, w.engine, cmd, &ctx.view, &mut log);
+            clock += 1;
+            match run_command(&mut ctx, &mut pipe, cmd, name, clock, &mut effects) {
+                Ok(Outcome::Executed) => executed += 1,
+                Ok(Outcome::Skipped(name)) => skipped.push(name),
+                Err(e) => {
+                    fault = Some(format!("{e} at {:#x} ({:?})", cmd.guest_addr, cmd.ctx.level));
+                    break;
+                }
+            }
+        }
+        written.append(&mut ctx.written);
+    }
+    log.actual.extend(written.iter().copied());
+    vgpu.write_log.merge(log);
+    vgpu.stats.clock = clock;
+    vgpu.stats.executed += executed;
+    for s in skipped {
+        *vgpu.stats.skipped.entry(s.to_string()).or_insert(0) += 1;
+    }
+    for e in effects {
+        match e {
+            SideEffect::Reg(r, v) => {
+                vgpu.vregs.insert(r, v);
+            }
+            SideEffect::Interrupt => {
+                let (reg, bit) = w.engine.user_interrupt();
+                *vgpu.vregs.entry(reg).or_insert(0) |= bit;
+            }
+        }
+    }
+    match fault {
+        Some(reason) => {
+            vgpu.report_fault(GpuFault { engine: w.engine, ctx_id: w.ctx_id(), kind: FaultKind::Memory, reason });
+        }
+        None => vgpu.stats.workloads += 1,
+    }
+    vgpu.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
+    vgpu.complete_csb(w.engine, w.ctx_id());
+}
+
+enum Outcome {
+    Executed,
+    Skipped(&'static str),
+}
+
+fn dw(cmd: &ShadowCommand, i: usize) -> u32 {
+    cmd.dwords.get(i).copied().unwrap_or(0)
+}
+
+fn run_command(
+    ctx: &mut Ctx<'_>,
+    pipe: &mut PipeState,
+    cmd: &ShadowCommand,
+    name: &'static str,
+    clock: u64,
+    effects: &mut Vec<SideEffect>,
+) -> Result<Outcome, GttError> {
+    match dw(cmd, 0) >> 29 {
+        0 => run_mi(ctx, cmd, name, clock, effects),
+        2 => run_2d(ctx, cmd, name),
+        _ => run_3d(ctx, pipe, cmd, name, clock),
+    }
+}
+
+fn run_mi(
+    ctx: &mut Ctx<'_>,
+    cmd: &ShadowCommand,
+    name: &'static str,
+    clock: u64,
+    effects: &mut Vec<SideEffect>,
+) -> Result<Outcome, GttError> {
+    let d0 = dw(cmd, 0);
+    match name {
+        "MI_NOOP" => Ok(Outcome::Executed),
+        "MI_USER_INTERRUPT" => {
+            effects.push(SideEffect::Interrupt);
+            Ok(Outcome::Executed)
+        }
+        // Flow was already followed by the walk.
+        "MI_BATCH_BUFFER_END" | "MI_BATCH_BUFFER_START" => Ok(Outcome::Executed),
+        "MI_STORE_DATA_IMM" => {
+            // MI_STORE_DATA_IMM: DW1-2 address, DW3.. data.
+            let space = if d0 & (1 << 22) != 0 { Space::Ggtt } else { Space::Ppgtt };
+            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 3);
+            let data: Vec<u8> = cmd.dwords.iter().skip(3).flat_map(|d| d.to_le_bytes()).collect();
+            ctx.write(space, addr, &data)?;
+            Ok(Outcome::Executed)
+        }
+        "MI_LOAD_REGISTER_IMM" => {
+            // MI_LOAD_REGISTER_IMM: (register, value) pairs.
+            for pair in cmd.dwords.get(1..).unwrap_or(&[]).chunks_exact(2) {
+                effects.push(SideEffect::Reg(pair[0] & 0x7f_fffc, pair[1]));
+            }
+            Ok(Outcome::Executed)
+        }
+        "MI_FLUSH_DW" => {
+            // MI_FLUSH_DW: post-sync op in DW0 15:14, DW1 bit 2 = GGTT.
+            let op = (d0 >> 14) & 3;
+            if op == 0 {
+                return Ok(Outcome::Executed);
+            }
+            let space = if dw(cmd, 1) & (1 << 2) != 0 { Space::Ggtt } else { Space::Ppgtt };
+            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 7);
+            let value = if op == 1 {
+                u64::from(dw(cmd, 3)) | (u64::from(dw(cmd, 4)) << 32)
+            } else {
+                clock
+            };
+            let len = if op == 1 && cmd.dwords.len() < 5 { 4 } else { 8 };
+            ctx.write(space, addr, &value.to_le_bytes()[..len])?;
+            Ok(Outcome::Executed)
+        }
+        _ => Ok(Outcome::Skipped(name)),
+    }
+}
+
+fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<Outcome, GttError> {
+    let d0 = dw(cmd, 0);
+    let space = cmd.space;
+    match name {
+        "XY_COLOR_BLT" => {
+            // XY_COLOR_BLT: DW1 BR13, DW2 top-left, DW3 bottom-right (exclusive), DW4-5 dst, DW6 colour.
+            let bpp = br13_bpp(dw(cmd, 1));
+            let tiled = d0 & (1 << 11) != 0;
+            let pitch = u64::from(dw(cmd, 1) & 0xffff) * if tiled { 4 } else { 1 };
+            let dst = Surface {
+                space,
+                base: addr48(dw(cmd, 4), dw(cmd, 5), 0),
+                pitch,
+                tiling: if tiled { Tiling::X } else { Tiling::Linear },
+            };
+            let (x1, y1, x2, y2) = rect(dw(cmd, 2), dw(cmd, 3));
+            let color = dw(cmd, 6).to_le_bytes();
+            let row_bytes = u64::from(x2.saturating_sub(x1)) * u64::from(bpp);
+            let row: Vec<u8> = (0..row_bytes).map(|i| color[(i % u64::from(bpp)) as usize]).collect();
+            for y in y1..y2 {
+                put_row(ctx, &dst, u64::from(x1) * u64::from(bpp), u64::from(y), &row)?;
+            }
+            Ok(Outcome::Executed)
+        }
+        "XY_SRC_COPY_BLT" => {
+            // XY_SRC_COPY_BLT: DW1 BR13 (dst pitch), DW2-3 dst rect, DW4-5 dst, DW6 src x/y,
+            // DW7 src pitch, DW8-9 src. DW0 bit 11 dst tiled, bit 15 src tiled (X, pitch in dwords).
+            let bpp = u64::from(br13_bpp(dw(cmd, 1)));
+            let dt = d0 & (1 << 11) != 0;
+            let st = d0 & (1 << 15) != 0;
+            let dst = Surface {
+                space,
+                base: addr48(dw(cmd, 4), dw(cmd, 5), 0),
+                pitch: u64::from(dw(cmd, 1) & 0xffff) * if dt { 4 } else { 1 },
+                tiling: if dt { Tiling::X } else { Tiling::Linear },
+            };
+            let src = Surface {
+                space,
+                base: addr48(dw(cmd, 8), dw(cmd, 9), 0),
+                pitch: u64::from(dw(cmd, 7) & 0xffff) * if st { 4 } else { 1 },
+                tiling: if st { Tiling::X } else { Tiling::Linear },
+            };
+            let (x1, y1, x2, y2) = rect(dw(cmd, 2), dw(cmd, 3));
+            let (sx, sy) = (dw(cmd, 6) & 0xffff, dw(cmd, 6) >> 16);
+            copy_rect(ctx, &src, &dst, (sx, sy), (x1, y1, x2, y2), bpp)?;
+            Ok(Outcome::Executed)
+        }
+        "XY_FAST_COPY_BLT" => {
+            // XY_FAST_COPY_BLT: DW1 dst tiling 14:13, colour depth 26:24, dst pitch 15:0;
+            // DW7 src tiling 21:20, src pitch 15:0. Tiled pitches are in dwords.
+            let bpp = match (dw(cmd, 1) >> 24) & 7 {
+                0 => 1,
+                1 => 2,
+                2 => 4,
+                3 => 8,
+                _ => 16,
+            };
+            let dt = (dw(cmd, 1) >> 13) & 3;
+            let st = (dw(cmd, 7) >> 20) & 3;
+            if dt > 1 || st > 1 {
+                return Ok(Outcome::Skipped("XY_FAST_COPY_BLT(Y/Yf tiled)"));
+            }
+            let mk = |t: u32, pitch: u32, lo: u32, hi: u32| Surface {
+                space,
+                base: addr48(lo, hi, 0),
+                pitch: u64::from(pitch & 0xffff) * if t == 1 { 4 } else { 1 },
+                tiling: if t == 1 { Tiling::X } else { Tiling::Linear },
+            };
+            let dst = mk(dt, dw(cmd, 1), dw(cmd, 4), dw(cmd, 5));
+            let src = mk(st, dw(cmd, 7), dw(cmd, 8), dw(cmd, 9));
+            let (x1, y1, x2, y2) = rect(dw(cmd, 2), dw(cmd, 3));
+            let (sx, sy) = (dw(cmd, 6) & 0xffff, dw(cmd, 6) >> 16);
+            copy_rect(ctx, &src, &dst, (sx, sy), (x1, y1, x2, y2), bpp)?;
+            Ok(Outcome::Executed)
+        }
+        _ => Ok(Outcome::Skipped(name)),
+    }
+}
+
+fn rect(tl: u32, br: u32) -> (u32, u32, u32, u32) {
+    (tl & 0xffff, tl >> 16, br & 0xffff, br >> 16)
+}
+
+fn put_row(ctx: &mut Ctx<'_>, s: &Surface, x_bytes: u64, y: u64, row: &[u8]) -> Result<(), GttError> {
+    let mut done = 0u64;
+    while done < row.len() as u64 {
+        let (addr, n) =
+            s.span(x_bytes + done, y, row.len() as u64 - done).ok_or(GttError::OutOfSlice(s.base))?;
+        ctx.write(s.space, addr, &row[done as usize..(done + n) as usize])?;
+        done += n;
+    }
+    Ok(())
+}
+
+fn get_row(ctx: &Ctx<'_>, s: &Surface, x_bytes: u64, y: u64, row: &mut [u8]) -> Result<(), GttError> {
+    let mut done = 0u64;
+    let len = row.len() as u64;
+    while done < len {
+        let (addr, n) = s.span(x_bytes + done, y, len - done).ok_or(GttError::OutOfSlice(s.base))?;
+        ctx.view.read(s.space, addr, &mut row[done as usize..(done + n) as usize])?;
+        done += n;
+    }
+    Ok(())
+}
+
+fn copy_rect(
+    ctx: &mut Ctx<'_>,
+    src: &Surface,
+    dst: &Surface,
+    (sx, sy): (u32, u32),
+    (x1, y1, x2, y2): (u32, u32, u32, u32),
+    bpp: u64,
+) -> Result<(), GttError> {
+    let w = u64::from(x2.saturating_sub(x1)) * bpp;
+    let mut row = vec![0u8; w as usize];
+    for dy in 0..y2.saturating_sub(y1) {
+        get_row(ctx, src, u64::from(sx) * bpp, u64::from(sy + dy), &mut row)?;
+        put_row(ctx, dst, u64::from(x1) * bpp, u64::from(y1 + dy), &row)?;
+    }
+    Ok(())
+}
+
+/// Fills `height` rows of `row_bytes` at `pitch` with a repeating 4-byte pattern.
+fn fill_linear(ctx: &mut Ctx<'_>, space: Space, base: u64, pitch: u64, row_bytes: u64, height: u64, pat: [u8; 4]) -> Result<(), GttError> {
+    let row: Vec<u8> = (0..row_bytes).map(|i| pat[(i % 4) as usize]).collect();
+    if pitch == row_bytes {
+        // Contiguous: write in large chunks.
+        let total = row_bytes * height;
+        let chunk: Vec<u8> = (0..(64 * 1024).min(total)).map(|i| pat[(i % 4) as usize]).collect();
+        let mut done = 0u64;
+        while done < total {
+            let n = (total - done).min(chunk.len() as u64);
+            ctx.write(space, base + done, &chunk[..n as usize])?;
+            done += n;
+        }
+        return Ok(());
+    }
+    for y in 0..height {
+        ctx.write(space, base + y * pitch, &row)?;
+    }
+    Ok(())
+}
+
+fn run_3d(
+    ctx: &mut Ctx<'_>,
+    pipe: &mut PipeState,
+    cmd: &ShadowCommand,
+    name: &'static str,
+    clock: u64,
+) -> Result<Outcome, GttError> {
+    let space = cmd.space;
+    match name {
+        "PIPE_CONTROL" => {
+            // PIPE_CONTROL: DW1 post-sync op 15:14, bit 24 GGTT; DW2-3 address; DW4-5 data.
+            let op = (dw(cmd, 1) >> 14) & 3;
+            if op == 0 {
+                return Ok(Outcome::Executed);
+            }
+            let sp = if dw(cmd, 1) & (1 << 24) != 0 { Space::Ggtt } else { Space::Ppgtt };
+            let addr = addr48(dw(cmd, 2), dw(cmd, 3), 7);
+            let value = match op {
+                1 => u64::from(dw(cmd, 4)) | (u64::from(dw(cmd, 5)) << 32),
+                _ => clock,
+            };
+            ctx.write(sp, addr, &value.to_le_bytes())?;
+            Ok(Outcome::Executed)
+        }
+        "STATE_BASE_ADDRESS" => {
+            // STATE_BASE_ADDRESS: DW4-5 surface state base (bit 0 = modify).
+            if dw(cmd, 4) & 1 != 0 {
+                pipe.surface_base = Some(addr48(dw(cmd, 4), dw(cmd, 5), 0xfff));
+            }
+            Ok(Outcome::Executed)
+        }
+        "3DSTATE_BINDING_TABLE_POINTERS_PS" => {
+            // 3DSTATE_BINDING_TABLE_POINTERS_PS.
+            pipe.binding_table = Some(dw(cmd, 1) & 0xffe0);
+            Ok(Outcome::Executed)
+        }
+        "3DSTATE_DEPTH_BUFFER" => {
+            // 3DSTATE_DEPTH_BUFFER: DW1 pitch-1 17:0; DW2-3 address; DW4 height-1 31:18, width-1 17:4.
+            let pitch = u64::from(dw(cmd, 1) & 0x3ffff) + 1;
+            let addr = addr48(dw(cmd, 2), dw(cmd, 3), 0);
+            let h = ((dw(cmd, 4) >> 18) & 0x3fff) + 1;
+            let w = ((dw(cmd, 4) >> 4) & 0x3fff) + 1;
+            pipe.depth = (addr != 0).then_some((addr, pitch, w, h));
+            Ok(Outcome::Executed)
+        }
+        "3DSTATE_CLEAR_PARAMS" => {
+            // 3DSTATE_CLEAR_PARAMS: DW1 depth clear value.
+            pipe.depth_clear = dw(cmd, 1);
+            Ok(Outcome::Executed)
+        }
+        "3DPRIMITIVE" | "GPGPU_WALKER" => {
+            // 3DPRIMITIVE / GPGPU_WALKER: the bound surface (binding table entry 0) is rewritten
+            // with a colour derived from the command; a draw also rewrites the depth buffer.
+            let seed = cmd.dwords.iter().fold(0x811c_9dc5u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
+            if let (Some(base), Some(bt)) = (pipe.surface_base, pipe.binding_table) {
+                let entry = ctx.view.read_u32(space, base + u64::from(bt))?;
+                let ss = base + u64::from(entry & !0x3f);
+                let mut s = [0u8; 64];
+                ctx.view.read(space, ss, &mut s)?;
+                let rd = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+                let width = u64::from(rd(2) & 0x3fff) + 1;
+                let height = u64::from((rd(2) >> 16) & 0x3fff) + 1;
+                let pitch = u64::from(rd(3) & 0x3ffff) + 1;
+                let addr = addr48(rd(8), rd(9), 0);
+                fill_linear(ctx, space, addr, pitch, width * 4, height, seed.to_le_bytes())?;
+            }
+            if name == "3DPRIMITIVE" {
+                if let Some((addr, pitch, w, h)) = pipe.depth {
+                    let v = pipe.depth_clear ^ (seed & 0xff);
+                    fill_linear(ctx, space, addr, pitch, u64::from(w) * 4, u64::from(h), v.to_le_bytes())?;
+                }
+            }
+            Ok(Outcome::Executed)
+        }
+        "MFX_SURFACE_STATE" => {
+            // MFX_SURFACE_STATE (video): DW2 height-1 31:18, width-1 17:4; DW3 pitch-1 19:3.
+            let h = ((dw(cmd, 2) >> 18) & 0x3fff) + 1;
+            let w = ((dw(cmd, 2) >> 4) & 0x3fff) + 1;
+            let pitch = u64::from((dw(cmd, 3) >> 3) & 0x1ffff) + 1;
+            let addr = pipe.media_out.map(|m| m.0).unwrap_or(0);
+            pipe.media_out = Some((addr, pitch, w, h));
+            Ok(Outcome::Executed)
+        }
+        "MFX_PIPE_BUF_ADDR_STATE" => {
+            // MFX_PIPE_BUF_ADDR_STATE: DW1-2 pre-deblocking destination.
+            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 0x3f);
+            let m = pipe.media_out.unwrap_or((0, 0, 0, 0));
+            pipe.media_out = Some((addr, m.1, m.2, m.3));
+            Ok(Outcome::Executed)
+        }
+        "MFD_AVC_BSD_OBJECT" => {
+            // MFD_AVC_BSD_OBJECT: decode one picture into the NV12 destination:
+            // luma (height rows) then interleaved chroma (height / 2 rows).
+            if let Some((addr, pitch, w, h)) = pipe.media_out.filter(|m| m.0 != 0) {
+                let seed = cmd.dwords.iter().fold(0x9e37_79b9u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
+                let rows = u64::from(h) + u64::from(h) / 2;
+                fill_linear(ctx, space, addr, pitch, u64::from(w), rows, seed.to_le_bytes())?;
+            }
+            Ok(Outcome::Executed)
+        }
+        _ => Ok(Outcome::Skipped(name)),
+    }
+}

@@ -1,0 +1,313 @@
+//! Graphics translation: the vGPU's GGTT (shadowed from guest frames to host memory), the 4-level
+//! PPGTT walk, and GPU-side memory access through either.
+//!
+//! The guest writes GGTT entries at *guest-view* offsets (inside the slices the PV info page told it
+//! about). The vGPU stores each entry at the same position inside its slice, so the table serves both
+//! views: the guest reads its entries back at its old offsets, and the engine reaches the same page
+//! at the *host* offset (the slice the partition manager gave this vGPU on this host). Entries are
+//! GEN8 PTEs: bit 0 present, bits 47:12 the guest-physical frame.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+use gmig_cmdparser::{GgttOffset, VgpuSlices};
+
+/// The address space a GPU access goes through (the parser's).
+pub use gmig_cmdparser::AddressSpace as Space;
+use crate::gm::{Gfn, PAGE_SIZE};
+use crate::mmio::{GTT_PTE_PRESENT, PTE_ADDR_MASK};
+
+/// Guest RAM as a `vm-memory` mmap, shareable with a KVM VMM.
+pub type GuestRam = GuestMemoryMmap<()>;
+
+
+/// A failed GPU memory access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GttError {
+    /// The GGTT offset lies outside the vGPU's slices.
+    #[error("GGTT offset {0:#x} is outside this vGPU's slices")]
+    OutOfSlice(u64),
+    /// The GGTT entry for the page is not present.
+    #[error("GGTT entry for {0:#x} is not present")]
+    GgttNotPresent(u64),
+    /// A PPGTT level had no present entry.
+    #[error("PPGTT address {addr:#x} not mapped (level {level})")]
+    PpgttNotPresent {
+        /// Faulting address.
+        addr: u64,
+        /// 4 = PML4 ... 1 = PT.
+        level: u8,
+    },
+    /// No PPGTT root is set for this access.
+    #[error("PPGTT access to {0:#x} without a PPGTT root")]
+    NoPpgtt(u64),
+    /// Guest RAM has no page at this guest-physical address.
+    #[error("guest-physical address {0:#x} is not backed by guest RAM")]
+    NoRam(u64),
+}
+
+/// Result type of this module.
+pub type Result<T> = std::result::Result<T, GttError>;
+
+/// The vGPU's GGTT entries, one table per slice, indexed by page within the slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ggtt {
+    aperture: Vec<u64>,
+    hidden: Vec<u64>,
+}
+
+/// Sparse serialized form of a [`Ggtt`]: present entries only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GgttState {
+    /// Pages in the aperture slice.
+    pub aperture_pages: u32,
+    /// Pages in the hidden slice.
+    pub hidden_pages: u32,
+    /// `(page within the aperture slice, entry)`.
+    pub aperture: Vec<(u32, u64)>,
+    /// `(page within the hidden slice, entry)`.
+    pub hidden: Vec<(u32, u64)>,
+}
+
+impl Ggtt {
+    /// An empty table for slices of these sizes.
+    pub fn new(slices: &VgpuSlices) -> Ggtt {
+        Ggtt {
+            aperture: vec![0; (slices.aperture.size / PAGE_SIZE) as usize],
+            hidden: vec![0; (slices.hidden.size / PAGE_SIZE) as usize],
+        }
+    }
+
+    fn slot(&self, slices: &VgpuSlices, off: GgttOffset) -> Option<(bool, usize)> {
+        if slices.aperture.contains(off.0, 1) {
+            let i = off.0.checked_sub(slices.aperture.base.0)? / PAGE_SIZE;
+            return Some((false, usize::try_from(i).ok()?));
+        }
+        if slices.hidden.contains(off.0, 1) {
+            let i = off.0.checked_sub(slices.hidden.base.0)? / PAGE_SIZE;
+            return Some((true, usize::try_from(i).ok()?));
+        }
+        None
+    }
+
+    /// The entry mapping GGTT offset `off` when the slices sit at `slices`.
+    pub fn entry(&self, slices: &VgpuSlices, off: GgttOffset) -> Option<u64> {
+        let (hidden, i) = self.slot(slices, off)?;
+        if hidden { self.hidden.get(i).copied() } else { self.aperture.get(i).copied() }
+    }
+
+    /// Sets the entry for `off`; `false` when `off` is outside `slices`.
+    pub fn set_entry(&mut self, slices: &VgpuSlices, off: GgttOffset, pte: u64) -> bool {
+        let Some((hidden, i)) = self.slot(slices, off) else { return false };
+        let table = if hidden { &mut self.hidden } else { &mut self.aperture };
+        match table.get_mut(i) {
+            Some(e) => {
+                *e = pte;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Translates a GGTT offset to guest-physical memory.
+    pub fn translate(&self, slices: &VgpuSlices, off: GgttOffset) -> Result<GuestAddress> {
+        let pte = self.entry(slices, off).ok_or(GttError::OutOfSlice(off.0))?;
+        if pte & GTT_PTE_PRESENT == 0 {
+            return Err(GttError::GgttNotPresent(off.0));
+        }
+        Ok(GuestAddress((pte & PTE_ADDR_MASK) | (off.0 % PAGE_SIZE)))
+    }
+
+    /// Every guest frame a present entry maps.
+    pub fn mapped_frames(&self) -> impl Iterator<Item = Gfn> + '_ {
+        self.aperture
+            .iter()
+            .chain(self.hidden.iter())
+            .filter(|e| *e & GTT_PTE_PRESENT != 0)
+            .map(|e| Gfn((e & PTE_ADDR_MASK) / PAGE_SIZE))
+    }
+
+    /// Sparse form for checkpoints.
+    pub fn save(&self) -> GgttState {
+        let sparse = |t: &[u64]| -> Vec<(u32, u64)> {
+            t.iter().enumerate().filter(|(_, e)| **e != 0).map(|(i, e)| (i as u32, *e)).collect()
+        };
+        GgttState {
+            aperture_pages: self.aperture.len() as u32,
+            hidden_pages: self.hidden.len() as u32,
+            aperture: sparse(&self.aperture),
+            hidden: sparse(&self.hidden),
+        }
+    }
+
+    /// Rebuilds a table for slices of these sizes; `None` when the state does not fit them.
+    pub fn load(slices: &VgpuSlices, state: &GgttState) -> Option<Ggtt> {
+        let mut g = Ggtt::new(slices);
+        if g.aperture.len() != state.aperture_pages as usize || g.hidden.len() != state.hidden_pages as usize {
+            return None;
+        }
+        for &(i, e) in &state.aperture {
+            *g.aperture.get_mut(i as usize)? = e;
+        }
+        for &(i, e) in &state.hidden {
+            *g.hidden.get_mut(i as usize)? = e;
+        }
+        Some(g)
+    }
+}
+
+/// Walks a 4-level PPGTT rooted at `pml4` (guest-physical) in guest RAM.
+pub fn ppgtt_translate(mem: &GuestRam, pml4: u64, addr: u64) -> Result<GuestAddress> {
+    let mut table = pml4 & PTE_ADDR_MASK;
+    for level in (1..=4u8).rev() {
+        let shift = 12 + 9 * (u32::from(level) - 1);
+        let idx = (addr >> shift) & 0x1ff;
+        let pte: u64 =
+            mem.read_obj(GuestAddress(table + idx * 8)).map_err(|_| GttError::NoRam(table + idx * 8))?;
+        if pte & 1 == 0 {
+            return Err(GttError::PpgttNotPresent { addr, level });
+        }
+        table = pte & PTE_ADDR_MASK;
+    }
+    Ok(GuestAddress(table | (addr % PAGE_SIZE)))
+}
+
+/// Every page a PPGTT rooted at `pml4` uses: its table pages and the frames it maps.
+pub fn ppgtt_frames(mem: &GuestRam, pml4: u64, out: &mut BTreeSet<Gfn>) {
+    fn walk(mem: &GuestRam, table: u64, level: u8, out: &mut BTreeSet<Gfn>) {
+        out.insert(Gfn(table / PAGE_SIZE));
+        let mut buf = [0u8; PAGE_SIZE as usize];
+        if mem.read_slice(&mut buf, GuestAddress(table)).is_err() {
+            return;
+        }
+        for chunk in buf.chunks_exact(8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            let pte = u64::from_le_bytes(b);
+            if pte & 1 == 0 {
+                continue;
+            }
+            let next = pte & PTE_ADDR_MASK;
+            if level == 1 {
+                out.insert(Gfn(next / PAGE_SIZE));
+            } else {
+                walk(mem, next, level - 1, out);
+            }
+        }
+    }
+    walk(mem, pml4 & PTE_ADDR_MASK, 4, out);
+}
+
+/// GPU-side access to guest memory through the GGTT (at `slices`) or a PPGTT.
+#[derive(Clone, Copy)]
+pub struct GpuView<'a> {
+    /// The GGTT.
+    pub ggtt: &'a Ggtt,
+    /// Where the GGTT slices sit for this view (host slices for the engine, guest view for the
+    /// guest's own accesses).
+    pub slices: VgpuSlices,
+    /// Guest RAM.
+    pub mem: &'a GuestRam,
+    /// PPGTT root, if the context has one.
+    pub pml4: Option<u64>,
+}
+
+impl GpuView<'_> {
+    /// Translates one address.
+    pub fn translate(&self, space: Space, addr: u64) -> Result<GuestAddress> {
+        match space {
+            Space::Ggtt => self.ggtt.translate(&self.slices, GgttOffset(addr)),
+            Space::Ppgtt => ppgtt_translate(self.mem, self.pml4.ok_or(GttError::NoPpgtt(addr))?, addr),
+        }
+    }
+
+    /// Reads `out.len()` bytes at `addr`, page by page.
+    pub fn read(&self, space: Space, addr: u64, out: &mut [u8]) -> Result<()> {
+        let mut done = 0usize;
+        while done < out.len() {
+            let a = addr.checked_add(done as u64).ok_or(GttError::OutOfSlice(addr))?;
+            let in_page = (PAGE_SIZE - a % PAGE_SIZE) as usize;
+            let n = in_page.min(out.len() - done);
+            let gpa = self.translate(space, a)?;
+            self.mem.read_slice(&mut out[done..done + n], gpa).map_err(|_| GttError::NoRam(gpa.0))?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `addr`, page by page; returns the guest frames written (appended to `pages`).
+    pub fn write(&self, space: Space, addr: u64, data: &[u8], pages: &mut Vec<Gfn>) -> Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let a = addr.checked_add(done as u64).ok_or(GttError::OutOfSlice(addr))?;
+            let in_page = (PAGE_SIZE - a % PAGE_SIZE) as usize;
+            let n = in_page.min(data.len() - done);
+            let gpa = self.translate(space, a)?;
+            self.mem.write_slice(&data[done..done + n], gpa).map_err(|_| GttError::NoRam(gpa.0))?;
+            pages.push(Gfn::containing(gpa));
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads one little-endian dword.
+    pub fn read_u32(&self, space: Space, addr: u64) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.read(space, addr, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+}
+
+/// Creates zeroed guest RAM of `size` bytes at guest-physical 0.
+pub fn new_guest_ram(size: usize) -> std::result::Result<GuestRam, vm_memory::mmap::FromRangesError> {
+    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size)])
+}
+
+/// Total bytes of guest RAM.
+pub fn ram_size(mem: &GuestRam) -> u64 {
+    use vm_memory::GuestMemoryRegion;
+    mem.iter().map(|r| r.len()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gm::{slices_at, MIB};
+
+    #[test]
+    fn ggtt_same_entry_at_guest_and_host_offsets() {
+        let guest = slices_at(64 * MIB, 64 * MIB, 1024 * MIB, 384 * MIB);
+        let host = slices_at(256 * MIB, 64 * MIB, 2048 * MIB, 384 * MIB);
+        let mut g = Ggtt::new(&guest);
+        assert!(g.set_entry(&guest, GgttOffset(1024 * MIB + 8192), 0x5000 | 1));
+        assert!(!g.set_entry(&guest, GgttOffset(0), 1));
+        assert_eq!(g.translate(&host, GgttOffset(2048 * MIB + 8192 + 12)).unwrap(), GuestAddress(0x500c));
+        assert_eq!(g.translate(&guest, GgttOffset(1024 * MIB + 8192)).unwrap(), GuestAddress(0x5000));
+        assert_eq!(g.translate(&host, GgttOffset(1024 * MIB + 8192)), Err(GttError::OutOfSlice(1024 * MIB + 8192)));
+        assert!(matches!(g.translate(&host, GgttOffset(2048 * MIB)), Err(GttError::GgttNotPresent(_))));
+        let s = g.save();
+        assert_eq!(s.hidden, vec![(2, 0x5001)]);
+        assert_eq!(Ggtt::load(&host, &s).unwrap(), g);
+    }
+
+    #[test]
+    fn ppgtt_four_levels() {
+        let mem = new_guest_ram(1 << 20).unwrap();
+        // PML4 at 0x1000, PDP 0x2000, PD 0x3000, PT 0x4000, page 0x9000.
+        let va: u64 = (1 << 39) | (2 << 30) | (3 << 21) | (4 << 12);
+        mem.write_obj(0x2001u64, GuestAddress(0x1000 + 8)).unwrap();
+        mem.write_obj(0x3001u64, GuestAddress(0x2000 + 16)).unwrap();
+        mem.write_obj(0x4001u64, GuestAddress(0x3000 + 24)).unwrap();
+        mem.write_obj(0x9001u64, GuestAddress(0x4000 + 32)).unwrap();
+        assert_eq!(ppgtt_translate(&mem, 0x1000, va + 5).unwrap(), GuestAddress(0x9005));
+        assert_eq!(
+            ppgtt_translate(&mem, 0x1000, va + 4096),
+            Err(GttError::PpgttNotPresent { addr: va + 4096, level: 1 })
+        );
+        let mut set = BTreeSet::new();
+        ppgtt_frames(&mem, 0x1000, &mut set);
+        assert_eq!(set.into_iter().map(|g| g.0).collect::<Vec<_>>(), vec![1, 2, 3, 4, 9]);
+    }
+}

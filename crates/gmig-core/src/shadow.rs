@@ -1,0 +1,151 @@
+//! Glue to gmig-cmdparser: walking a submitted context's ring and batches in the guest's view,
+//! auditing every command, copying it into a shadow workload with its GGTT addresses rebased into
+//! the host slices, and per-command write sets for the migration engine.
+
+use gmig_cmdparser::{
+    audit, decode_one, remap_in_place, walk, AddressSpace, BatchContext, Budget, Engine, GgttOffset, GpuMemory,
+    MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
+};
+
+use crate::gm::{Gfn, PAGE_SIZE};
+use crate::gtt::GpuView;
+use crate::mmio::{desc, lrc, EngineId};
+use crate::vgpu::{FaultKind, ShadowCommand, Vgpu, WriteLog, Workload};
+
+/// Limits on one submission's walk (a self-looping batch runs into them and is refused).
+pub const WALK_BUDGET: Budget = Budget { max_commands: 1 << 16, max_batch_bytes: 16 << 20, max_batches: 256 };
+
+/// The parser's engine for one of ours.
+pub fn parser_engine(e: EngineId) -> Engine {
+    match e {
+        EngineId::Render => Engine::Render,
+        EngineId::Blitter => Engine::Blitter,
+        EngineId::Video => Engine::Video,
+        EngineId::VideoEnhance => Engine::VideoEnhance,
+    }
+}
+
+impl GpuMemory for GpuView<'_> {
+    fn read(&self, space: AddressSpace, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        GpuView::read(self, space, addr, out).map_err(|_| MemoryError::Unmapped { space, addr })
+    }
+}
+
+/// Reads a context image's register state in the guest's view.
+fn ctx_state(view: &GpuView<'_>, lrca: u64, index: usize) -> Option<u32> {
+    let addr = lrca.checked_add(lrc::STATE_OFFSET + 4 * index as u64)?;
+    view.read_u32(AddressSpace::Ggtt, addr).ok()
+}
+
+/// Walks, audits and shadows the context `d` submitted on `engine`.
+pub(crate) fn shadow_workload(
+    vgpu: &Vgpu,
+    engine: EngineId,
+    d: u64,
+    seq: u64,
+) -> Result<Workload, (FaultKind, String)> {
+    let guest = vgpu.guest_view();
+    let lrca = d & desc::LRCA_MASK;
+    if !guest.contains(lrca, lrc::CONTEXT_PAGES * PAGE_SIZE) {
+        return Err((FaultKind::Audit, format!("context image at {lrca:#x} is outside the vGPU's slices")));
+    }
+    let view0 = vgpu.guest_gpu_view(None);
+    let rd = |i| ctx_state(&view0, lrca, i).ok_or((FaultKind::Context, format!("context image at {lrca:#x} unreadable")));
+    let head = match vgpu.ctx_heads.get(&lrca) {
+        Some(h) => *h,
+        None => rd(lrc::RING_HEAD)? & 0x001f_fffc,
+    };
+    let tail = rd(lrc::RING_TAIL)? & 0x001f_fff8;
+    let start = rd(lrc::RING_START)? & 0xffff_f000;
+    let ctl = rd(lrc::RING_CTL)?;
+    let pml4 = if (d >> desc::ADDRESSING_SHIFT) & 3 == 3 {
+        Some((u64::from(rd(lrc::PDP0_UDW)?) << 32) | u64::from(rd(lrc::PDP0_LDW)?))
+    } else {
+        None
+    };
+    let size = u64::from((ctl >> 12) & 0x1ff) + 1;
+    let ring = RingSpan { start: GgttOffset(u64::from(start)), size: size * PAGE_SIZE, head: u64::from(head), tail: u64::from(tail) };
+    if !guest.contains(ring.start.0, ring.size) {
+        return Err((FaultKind::Audit, format!("ring at {start:#x} is outside the vGPU's slices")));
+    }
+    let gen = vgpu.config().gen;
+    let pe = parser_engine(engine);
+    let mv = vgpu.guest_to_host();
+    let moving = vgpu.remap && mv.from != mv.to;
+    let view = vgpu.guest_gpu_view(pml4);
+    let mut commands = Vec::new();
+    let mut visit = |w: &gmig_cmdparser::WalkedCommand<'_>| -> Result<(), WalkError> {
+        if w.space == AddressSpace::Ggtt && !guest.contains(w.addr, 4) {
+            return Err(WalkError::Rejected { space: w.space, addr: w.addr, reason: "command outside the vGPU's slices" });
+        }
+        audit(&w.cmd, &w.ctx, &guest).map_err(|err| WalkError::Audit { space: w.space, addr: w.addr, err })?;
+        let mut dwords = w.cmd.dwords.to_vec();
+        if moving {
+            remap_in_place(gen, pe, &mut dwords, &w.ctx, &mv)
+                .map_err(|err| WalkError::Remap { space: w.space, addr: w.addr, err })?;
+        }
+        commands.push(ShadowCommand { ctx: w.ctx, space: w.ctx.implicit_space(), guest_addr: w.addr, dwords });
+        Ok(())
+    };
+    walk(gen, pe, &view, ring, WALK_BUDGET, &mut visit).map_err(|e| {
+        let kind = match e {
+            WalkError::Audit { .. } | WalkError::Rejected { .. } | WalkError::Remap { .. } => FaultKind::Audit,
+            _ => FaultKind::Walk,
+        };
+        (kind, e.to_string())
+    })?;
+    let lrca_host = if vgpu.remap { mv.rebase(GgttOffset(lrca)).unwrap_or(GgttOffset(lrca)) } else { GgttOffset(lrca) };
+    Ok(Workload { seq, engine, desc: d, lrca: lrca_host, ring_tail: tail, pml4, commands })
+}
+
+/// Rebases the GGTT addresses in one shadowed command (checkpoint restore onto other slices).
+pub(crate) fn remap_command(
+    gen: gmig_cmdparser::Gen,
+    engine: EngineId,
+    cmd: &mut ShadowCommand,
+    mv: &SliceMove,
+) -> Result<(), String> {
+    remap_in_place(gen, parser_engine(engine), &mut cmd.dwords, &cmd.ctx, mv).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// Adds one executing command's write set (pages through the host view) to `log`; returns the
+/// command's name.
+pub(crate) fn log_write_set(
+    gen: gmig_cmdparser::Gen,
+    engine: EngineId,
+    cmd: &ShadowCommand,
+    view: &GpuView<'_>,
+    log: &mut WriteLog,
+) -> &'static str {
+    log.commands += 1;
+    let Ok(d) = decode_one(gen, parser_engine(engine), &cmd.dwords, 0) else {
+        log.unknown = true;
+        return "UNDECODABLE";
+    };
+    match d.write_set(&cmd.ctx) {
+        WriteSet::Nothing => {}
+        WriteSet::Unknown => log.unknown = true,
+        WriteSet::Ranges(ranges) => {
+            for r in ranges {
+                let first = r.start / PAGE_SIZE;
+                let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
+                for p in first..=last {
+                    if let Ok(gpa) = view.translate(r.space, p * PAGE_SIZE) {
+                        log.candidate.insert(Gfn::containing(gpa));
+                    }
+                }
+            }
+        }
+    }
+    d.desc.name
+}
+
+/// Whether a context descriptor uses a 4-level PPGTT.
+pub fn uses_ppgtt(d: u64) -> bool {
+    (d >> desc::ADDRESSING_SHIFT) & 3 == 3
+}
+
+/// A batch context for a first-level batch in `space` (handy for tests building shadows by hand).
+pub fn first_level(space: AddressSpace) -> BatchContext {
+    BatchContext::first_level(space)
+}

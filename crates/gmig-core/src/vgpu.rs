@@ -1,0 +1,652 @@
+//! The software vGPU device: MMIO register file with the GVT-g PV info page, the GGTT written
+//! through the MMIO GTT range, fences, display planes, per-engine execlist submission, and a queue
+//! of shadowed workloads that the reference engine ([`crate::exec`]) runs.
+//!
+//! # Two views of graphics memory
+//! The guest was told its slices by the PV info page when it booted (the *guest view*) and keeps
+//! using those GGTT offsets for its whole life. The vGPU lives in *host* slices given by the host's
+//! [`crate::gm::PartitionManager`]. Before migration both are the same; after a restore onto other
+//! slices they differ, and the vGPU remaps everything the guest hands to the hardware:
+//! - GGTT entries the guest writes land at the same page of the host slice ([`crate::gtt::Ggtt`]);
+//! - registers that hold GGTT addresses (status page, plane surfaces, cursor, fences) keep the
+//!   guest's value for guest reads and a rebased *shadow* for the hardware;
+//! - each submitted workload is walked, audited against the guest view and copied into a shadow
+//!   whose GGTT addresses are rebased into the host slices (as GVT-g shadows ring and batch
+//!   buffers); guest memory itself is never rewritten.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress};
+
+use gmig_cmdparser::{BatchContext, Gen, GgttOffset, SliceMove, VgpuSlices};
+use crate::gm::{Gfn, VgpuType, PAGE_SIZE};
+use crate::gtt::{ppgtt_frames, Ggtt, GpuView, GttError, GuestRam, Space};
+use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
+
+/// Errors of the vGPU device model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VgpuError {
+    /// An MMIO access outside the BAR or misaligned.
+    #[error("bad MMIO access at {offset:#x} ({len} bytes)")]
+    BadMmio {
+        /// BAR offset.
+        offset: u32,
+        /// Access width.
+        len: u32,
+    },
+    /// A submission arrived while the vGPU is paused.
+    #[error("vGPU is paused; submission on {0} refused")]
+    Paused(&'static str),
+    /// Guest RAM is smaller than the model needs.
+    #[error("guest RAM access at {0:#x} failed")]
+    Ram(u64),
+    /// The slices given do not match the vGPU type.
+    #[error("slices do not match vGPU type {0}")]
+    SliceMismatch(&'static str),
+}
+
+/// Result type of this module.
+pub type Result<T> = std::result::Result<T, VgpuError>;
+
+/// Static configuration of one vGPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VgpuConfig {
+    /// GPU generation the vGPU presents.
+    pub gen: Gen,
+    /// vGPU type (slice sizes).
+    pub ty: VgpuType,
+    /// Fence registers granted to the guest.
+    pub fence_num: u32,
+    /// `vgt_id` shown in the PV info page.
+    pub vgt_id: u32,
+}
+
+impl VgpuConfig {
+    /// A GEN9 vGPU of type `ty` with four fences.
+    pub fn new(ty: VgpuType, vgt_id: u32) -> VgpuConfig {
+        VgpuConfig { gen: Gen::Gen9, ty, fence_num: 4, vgt_id }
+    }
+}
+
+/// One command of a shadowed workload, in execution order (control flow already followed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowCommand {
+    /// The buffer the command came from (nesting level, privilege).
+    pub ctx: BatchContext,
+    /// Address space the command's implicit memory addresses use (GGTT for ring and GGTT batches).
+    pub space: Space,
+    /// Where the guest placed the command (guest-view GGTT offset or PPGTT address).
+    pub guest_addr: u64,
+    /// The command, DW0 first, GGTT addresses already in host slices.
+    pub dwords: Vec<u32>,
+}
+
+/// A submitted, audited and shadowed workload waiting for (or in) execution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Submission sequence number on this vGPU.
+    pub seq: u64,
+    /// Engine it was submitted to.
+    pub engine: EngineId,
+    /// The context descriptor the guest wrote to ELSP.
+    pub desc: u64,
+    /// Host-slice GGTT offset of the context image (the LRCA rebased).
+    pub lrca: GgttOffset,
+    /// Ring tail the context image asked for; written back as the head on completion.
+    pub ring_tail: u32,
+    /// PPGTT root of the context (guest-physical), if it has one.
+    pub pml4: Option<u64>,
+    /// The commands.
+    pub commands: Vec<ShadowCommand>,
+}
+
+impl Workload {
+    /// The context ID (upper dword of the descriptor).
+    pub fn ctx_id(&self) -> u32 {
+        (self.desc >> desc::CTX_ID_SHIFT) as u32
+    }
+}
+
+/// Why a workload was refused or stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultKind {
+    /// The command parser's audit refused it (forbidden command, out-of-slice address, register).
+    Audit,
+    /// The walk failed: undecodable command, bad nesting, loop/budget exhausted.
+    Walk,
+    /// The context image or ring could not be read.
+    Context,
+    /// A GPU memory access faulted during execution.
+    Memory,
+}
+
+impl FaultKind {
+    fn code(self) -> u32 {
+        match self {
+            FaultKind::Audit => 1,
+            FaultKind::Walk => 2,
+            FaultKind::Context => 3,
+            FaultKind::Memory => 4,
+        }
+    }
+}
+
+/// A GPU error reported to the guest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFault {
+    /// Engine.
+    pub engine: EngineId,
+    /// Context ID of the refused submission.
+    pub ctx_id: u32,
+    /// Category.
+    pub kind: FaultKind,
+    /// Human-readable reason (from the parser or the engine).
+    pub reason: String,
+}
+
+/// Per-engine execlist state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineState {
+    /// ELSP dwords written so far (a submission is four writes).
+    pub elsp: Vec<u32>,
+    /// CSB write pointer.
+    pub csb_wp: u32,
+    /// Workloads completed (including refused ones).
+    pub completed: u64,
+}
+
+/// Counters of what the engine did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecStats {
+    /// Commands executed with an effect modelled by the reference engine.
+    pub executed: u64,
+    /// Valid commands decoded and skipped, by name.
+    pub skipped: BTreeMap<String, u64>,
+    /// Workloads run to completion.
+    pub workloads: u64,
+    /// Workloads refused before execution or stopped by a fault.
+    pub refused: u64,
+    /// GPU clock (commands executed since creation), used for timestamps.
+    pub clock: u64,
+}
+
+/// What executed commands may have written: the migration engine's candidate dirty set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteLog {
+    /// Guest frames the executed commands' write sets (from gmig-cmdparser) cover.
+    pub candidate: BTreeSet<Gfn>,
+    /// Some executed command's write set was unknown (a draw, a media object): assume anything.
+    pub unknown: bool,
+    /// Guest frames the reference engine actually wrote (always a subset of what a sound
+    /// candidate set plus `unknown` allows; kept for checking that).
+    pub actual: BTreeSet<Gfn>,
+    /// Commands logged.
+    pub commands: u64,
+}
+
+impl WriteLog {
+    /// Merges another log into this one.
+    pub fn merge(&mut self, other: WriteLog) {
+        self.candidate.extend(other.candidate);
+        self.actual.extend(other.actual);
+        self.unknown |= other.unknown;
+        self.commands += other.commands;
+    }
+}
+
+/// What a bounded drain did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Workloads executed during the drain.
+    pub executed: usize,
+    /// Workloads still queued (they travel in the checkpoint).
+    pub queued: usize,
+}
+
+/// The software vGPU.
+#[derive(Clone, Debug)]
+pub struct Vgpu {
+    pub(crate) cfg: VgpuConfig,
+    pub(crate) guest_view: VgpuSlices,
+    pub(crate) host: VgpuSlices,
+    pub(crate) remap: bool,
+    pub(crate) mem: GuestRam,
+    pub(crate) vregs: BTreeMap<u32, u32>,
+    pub(crate) sregs: BTreeMap<u32, u32>,
+    pub(crate) ggtt: Ggtt,
+    pub(crate) engines: [EngineState; 4],
+    pub(crate) queue: VecDeque<Workload>,
+    pub(crate) accepting: bool,
+    pub(crate) faults: Vec<GpuFault>,
+    pub(crate) stats: ExecStats,
+    pub(crate) ppgtt_roots: BTreeSet<u64>,
+    pub(crate) next_seq: u64,
+    pub(crate) write_log: WriteLog,
+    /// Per context (guest-view LRCA): the ring offset up to which work was already submitted
+    /// (the hardware's lite-restore head), so a resubmission walks only the new commands.
+    pub(crate) ctx_heads: BTreeMap<u64, u32>,
+}
+
+impl Vgpu {
+    /// A fresh vGPU living in `slices` (which the guest will also see), on guest RAM `mem`.
+    pub fn new(cfg: VgpuConfig, slices: VgpuSlices, mem: GuestRam) -> Result<Vgpu> {
+        if slices.aperture.size != cfg.ty.aperture_size() || slices.hidden.size != cfg.ty.hidden_size() {
+            return Err(VgpuError::SliceMismatch(cfg.ty.name()));
+        }
+        Ok(Vgpu {
+            cfg,
+            guest_view: slices,
+            host: slices,
+            remap: true,
+            mem,
+            vregs: BTreeMap::new(),
+            sregs: BTreeMap::new(),
+            ggtt: Ggtt::new(&slices),
+            engines: Default::default(),
+            queue: VecDeque::new(),
+            accepting: true,
+            faults: Vec::new(),
+            stats: ExecStats::default(),
+            ppgtt_roots: BTreeSet::new(),
+            next_seq: 0,
+            write_log: WriteLog::default(),
+            ctx_heads: BTreeMap::new(),
+        })
+    }
+
+    /// Configuration.
+    pub fn config(&self) -> VgpuConfig {
+        self.cfg
+    }
+
+    /// The slices the guest believes it has (from its PV info page at boot).
+    pub fn guest_view(&self) -> VgpuSlices {
+        self.guest_view
+    }
+
+    /// The slices the vGPU occupies on this host.
+    pub fn host_slices(&self) -> VgpuSlices {
+        self.host
+    }
+
+    /// Guest RAM (shared handle).
+    pub fn guest_memory(&self) -> &GuestRam {
+        &self.mem
+    }
+
+    /// GPU errors reported so far.
+    pub fn faults(&self) -> &[GpuFault] {
+        &self.faults
+    }
+
+    /// Execution counters.
+    pub fn stats(&self) -> &ExecStats {
+        &self.stats
+    }
+
+    /// Workloads queued and not yet executed.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether submissions are accepted (false while paused for migration).
+    pub fn is_accepting(&self) -> bool {
+        self.accepting
+    }
+
+    /// Takes the write log accumulated since the last call.
+    pub fn take_write_log(&mut self) -> WriteLog {
+        std::mem::take(&mut self.write_log)
+    }
+
+    /// The move from guest-view GGTT offsets to host ones.
+    pub(crate) fn guest_to_host(&self) -> SliceMove {
+        SliceMove { from: self.guest_view, to: self.host }
+    }
+
+    /// The GPU's view of memory (host slices), with the given PPGTT root.
+    pub fn host_view(&self, pml4: Option<u64>) -> GpuView<'_> {
+        GpuView { ggtt: &self.ggtt, slices: self.host, mem: &self.mem, pml4 }
+    }
+
+    /// The guest's view of graphics memory (its own GGTT offsets), as the driver and the command
+    /// walk before shadowing see it.
+    pub fn guest_gpu_view(&self, pml4: Option<u64>) -> GpuView<'_> {
+        GpuView { ggtt: &self.ggtt, slices: self.guest_view, mem: &self.mem, pml4 }
+    }
+
+    // ---- MMIO ----
+
+    /// A 32-bit MMIO read by the guest.
+    pub fn mmio_read32(&self, offset: u32) -> Result<u32> {
+        if offset % 4 != 0 || offset >= mmio::MMIO_BAR_SIZE {
+            return Err(VgpuError::BadMmio { offset, len: 4 });
+        }
+        if offset >= mmio::GTT_MMIO_BASE {
+            let entry = self.gtt_mmio_entry(offset & !7);
+            return Ok(if offset % 8 == 0 { entry as u32 } else { (entry >> 32) as u32 });
+        }
+        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset) {
+            return Ok(self.pvinfo_read(offset - mmio::VGT_PVINFO_PAGE));
+        }
+        Ok(self.vregs.get(&offset).copied().unwrap_or(0))
+    }
+
+    /// A 64-bit MMIO read (GGTT entries, the magic).
+    pub fn mmio_read64(&self, offset: u32) -> Result<u64> {
+        let lo = self.mmio_read32(offset)?;
+        let hi = self.mmio_read32(offset.checked_add(4).ok_or(VgpuError::BadMmio { offset, len: 8 })?)?;
+        Ok(u64::from(lo) | (u64::from(hi) << 32))
+    }
+
+    fn gtt_mmio_entry(&self, offset: u32) -> u64 {
+        let page = u64::from(offset - mmio::GTT_MMIO_BASE) / 8;
+        self.ggtt.entry(&self.guest_view, GgttOffset(page * PAGE_SIZE)).unwrap_or(0)
+    }
+
+    fn pvinfo_read(&self, rel: u32) -> u32 {
+        let g = &self.guest_view;
+        match rel {
+            pvinfo::MAGIC => mmio::VGT_MAGIC as u32,
+            0x04 => (mmio::VGT_MAGIC >> 32) as u32,
+            pvinfo::VERSION_MAJOR => u32::from(mmio::VGT_VERSION_MAJOR) | (u32::from(mmio::VGT_VERSION_MINOR) << 16),
+            pvinfo::VGT_ID => self.cfg.vgt_id,
+            pvinfo::VGT_CAPS => mmio::VGT_CAPS_FULL_PPGTT | mmio::VGT_CAPS_HWSP_EMULATION,
+            pvinfo::APERTURE_BASE => g.aperture.base.0 as u32,
+            pvinfo::APERTURE_SIZE => g.aperture.size as u32,
+            pvinfo::HIDDEN_BASE => g.hidden.base.0 as u32,
+            pvinfo::HIDDEN_SIZE => g.hidden.size as u32,
+            pvinfo::FENCE_NUM => self.cfg.fence_num,
+            _ => self.vregs.get(&(mmio::VGT_PVINFO_PAGE + rel)).copied().unwrap_or(0),
+        }
+    }
+
+    /// A 64-bit MMIO write (GGTT entries).
+    pub fn mmio_write64(&mut self, offset: u32, value: u64) -> Result<()> {
+        self.mmio_write32(offset, value as u32)?;
+        self.mmio_write32(offset.checked_add(4).ok_or(VgpuError::BadMmio { offset, len: 8 })?, (value >> 32) as u32)
+    }
+
+    /// A 32-bit MMIO write by the guest.
+    pub fn mmio_write32(&mut self, offset: u32, value: u32) -> Result<()> {
+        if offset % 4 != 0 || offset >= mmio::MMIO_BAR_SIZE {
+            return Err(VgpuError::BadMmio { offset, len: 4 });
+        }
+        if offset >= mmio::GTT_MMIO_BASE {
+            let entry_off = offset & !7;
+            let old = self.gtt_mmio_entry(entry_off);
+            let new = if offset % 8 == 0 {
+                (old & !0xffff_ffff) | u64::from(value)
+            } else {
+                (old & 0xffff_ffff) | (u64::from(value) << 32)
+            };
+            let page = u64::from(entry_off - mmio::GTT_MMIO_BASE) / 8;
+            // Outside the balloon: ignored, as GVT-g does.
+            let _ = self.ggtt.set_entry(&self.guest_view, GgttOffset(page * PAGE_SIZE), new);
+            return Ok(());
+        }
+        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset) {
+            let rel = offset - mmio::VGT_PVINFO_PAGE;
+            if rel >= pvinfo::DISPLAY_READY {
+                self.vregs.insert(offset, value);
+            }
+            return Ok(());
+        }
+        if let Some((engine, rel)) = EngineId::from_reg(offset) {
+            if rel == ring::ELSP {
+                return self.elsp_write(engine, value);
+            }
+        }
+        self.vregs.insert(offset, value);
+        if let Some(mask) = mmio::address_register(self.cfg.fence_num, offset) {
+            let shadow = self.shadow_address_reg(value, mask, &self.guest_to_host());
+            self.sregs.insert(offset, shadow);
+        }
+        Ok(())
+    }
+
+    /// Rebases the address bits of a register value; a value outside the source slices becomes 0
+    /// (the hardware never sees an address outside the vGPU).
+    pub(crate) fn shadow_address_reg(&self, value: u32, mask: u32, mv: &SliceMove) -> u32 {
+        let addr = u64::from(value & mask);
+        if !self.remap {
+            return value;
+        }
+        match mv.rebase(GgttOffset(addr)) {
+            Some(h) if h.0 <= u64::from(u32::MAX) => (h.0 as u32 & mask) | (value & !mask),
+            _ => 0,
+        }
+    }
+
+    /// The host-side (shadow) value of an address register.
+    pub fn shadow_reg(&self, offset: u32) -> Option<u32> {
+        self.sregs.get(&offset).copied()
+    }
+
+    fn elsp_write(&mut self, engine: EngineId, value: u32) -> Result<()> {
+        if !self.accepting {
+            return Err(VgpuError::Paused(engine.name()));
+        }
+        let st = &mut self.engines[engine.index()];
+        st.elsp.push(value);
+        if st.elsp.len() < 4 {
+            return Ok(());
+        }
+        // Written as element 1 (hi, lo), then element 0 (hi, lo); element 0 runs first.
+        let w = std::mem::take(&mut st.elsp);
+        let e1 = (u64::from(w[0]) << 32) | u64::from(w[1]);
+        let e0 = (u64::from(w[2]) << 32) | u64::from(w[3]);
+        for d in [e0, e1] {
+            if d & desc::VALID != 0 {
+                self.submit(engine, d);
+            }
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, engine: EngineId, d: u64) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let lrca_guest = d & desc::LRCA_MASK;
+        match crate::shadow::shadow_workload(self, engine, d, seq) {
+            Ok(w) => {
+                self.ctx_heads.insert(lrca_guest, w.ring_tail);
+                if let Some(r) = w.pml4 {
+                    self.ppgtt_roots.insert(r);
+                }
+                self.queue.push_back(w);
+            }
+            Err((kind, reason)) => {
+                let ctx_id = (d >> desc::CTX_ID_SHIFT) as u32;
+                self.report_fault(GpuFault { engine, ctx_id, kind, reason });
+                // The refused context is completed (its ring consumed) so the guest can go on.
+                let lrca = self.guest_to_host().rebase(GgttOffset(lrca_guest));
+                let tail = self.read_ctx_state(lrca, lrc::RING_TAIL);
+                if let (Some(l), Some(t)) = (lrca, tail) {
+                    self.write_ctx_state(l, lrc::RING_HEAD, t);
+                    self.ctx_heads.insert(lrca_guest, t & 0x001f_fff8);
+                }
+                self.complete_csb(engine, ctx_id);
+            }
+        }
+    }
+
+    pub(crate) fn report_fault(&mut self, fault: GpuFault) {
+        let v = 1 | (fault.kind.code() << 1) | ((fault.engine.index() as u32) << 12);
+        self.vregs.insert(mmio::RING_FAULT_REG, v);
+        *self.vregs.entry(mmio::ERROR_GEN6).or_insert(0) |= 1 << fault.engine.index();
+        self.stats.refused += 1;
+        tracing::warn!(engine = fault.engine.name(), ctx = fault.ctx_id, reason = %fault.reason, "GPU fault");
+        self.faults.push(fault);
+    }
+
+    /// Reads one register-state dword of a context image at host offset `lrca`.
+    pub(crate) fn read_ctx_state(&self, lrca: Option<GgttOffset>, index: usize) -> Option<u32> {
+        let addr = lrca?.0.checked_add(lrc::STATE_OFFSET + 4 * index as u64)?;
+        self.host_view(None).read_u32(Space::Ggtt, addr).ok()
+    }
+
+    pub(crate) fn write_ctx_state(&mut self, lrca: GgttOffset, index: usize, value: u32) {
+        let Some(addr) = lrca.0.checked_add(lrc::STATE_OFFSET + 4 * index as u64) else { return };
+        let mut pages = Vec::new();
+        let _ = self.host_view(None).write(Space::Ggtt, addr, &value.to_le_bytes(), &mut pages);
+    }
+
+    /// Records a context-complete event in the CSB registers and the status page.
+    pub(crate) fn complete_csb(&mut self, engine: EngineId, ctx_id: u32) {
+        let base = engine.mmio_base();
+        let st = &mut self.engines[engine.index()];
+        st.completed += 1;
+        let wp = st.csb_wp;
+        st.csb_wp = (wp + 1) % mmio::CSB_ENTRIES;
+        let status = mmio::CSB_CTX_COMPLETE | mmio::CSB_ACTIVE_TO_IDLE;
+        self.vregs.insert(base + ring::CSB + 8 * wp, status);
+        self.vregs.insert(base + ring::CSB + 8 * wp + 4, ctx_id);
+        self.vregs.insert(base + ring::CSB_PTR, wp);
+        self.vregs.insert(base + ring::EXECLIST_STATUS, (ctx_id & 0xffff) << 16 | 1 << 12);
+        if let Some(hws) = self.sregs.get(&(base + ring::HWS_PGA)).copied().filter(|h| *h != 0) {
+            let addr = u64::from(hws & 0xffff_f000) + 4 * u64::from(mmio::HWS_CSB_INDEX + 2 * wp);
+            let mut bytes = [0u8; 8];
+            bytes[..4].copy_from_slice(&status.to_le_bytes());
+            bytes[4..].copy_from_slice(&ctx_id.to_le_bytes());
+            let mut pages = Vec::new();
+            if let Err(e) = self.host_view(None).write(Space::Ggtt, addr, &bytes, &mut pages) {
+                self.report_fault(GpuFault {
+                    engine,
+                    ctx_id,
+                    kind: FaultKind::Memory,
+                    reason: format!("status page write: {e}"),
+                });
+            }
+            self.write_log.actual.extend(pages.iter().copied());
+            self.write_log.candidate.extend(pages);
+        }
+    }
+
+    // ---- execution ----
+
+    /// Runs at most `max` queued workloads in submission order; returns how many ran.
+    pub fn run(&mut self, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(w) = self.queue.pop_front() else { break };
+            crate::exec::execute(self, &w);
+            n += 1;
+        }
+        n
+    }
+
+    /// Runs every queued workload.
+    pub fn run_until_idle(&mut self) -> usize {
+        self.run(usize::MAX)
+    }
+
+    /// Stops accepting submissions and lets at most `max_drain` queued workloads finish; the rest
+    /// stay queued (and travel in a checkpoint).
+    pub fn pause(&mut self, max_drain: usize) -> DrainReport {
+        self.accepting = false;
+        let executed = self.run(max_drain);
+        DrainReport { executed, queued: self.queue.len() }
+    }
+
+    /// Accepts submissions again.
+    pub fn resume(&mut self) {
+        self.accepting = true;
+    }
+
+    // ---- what migration needs ----
+
+    /// Every guest frame the GGTT or a known PPGTT maps (page-table pages included), sorted.
+    pub fn gtt_backed_pages(&self) -> Vec<Gfn> {
+        let mut set: BTreeSet<Gfn> = self.ggtt.mapped_frames().collect();
+        for &root in &self.ppgtt_roots {
+            ppgtt_frames(&self.mem, root, &mut set);
+        }
+        set.into_iter().collect()
+    }
+
+    /// The guest-visible registers (what the guest would read), PV info page excluded.
+    pub fn guest_registers(&self) -> &BTreeMap<u32, u32> {
+        &self.vregs
+    }
+
+    /// Reads guest RAM at a guest-physical address.
+    pub fn read_ram(&self, addr: u64, out: &mut [u8]) -> Result<()> {
+        self.mem.read_slice(out, GuestAddress(addr)).map_err(|_| VgpuError::Ram(addr))
+    }
+
+    /// Translates a GPU address the way the hardware would now (host slices).
+    pub fn translate(&self, space: Space, addr: u64, pml4: Option<u64>) -> std::result::Result<Gfn, GttError> {
+        self.host_view(pml4).translate(space, addr).map(Gfn::containing)
+    }
+}
+
+/// A difference in guest-visible state between two vGPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateDiff {
+    /// Registers whose guest-visible values differ: `(offset, a, b)`.
+    pub registers: Vec<(u32, u32, u32)>,
+    /// Guest-view GGTT pages whose entries differ.
+    pub ggtt_entries: Vec<u64>,
+    /// Guest frames whose contents differ.
+    pub pages: Vec<Gfn>,
+    /// Guest RAM sizes differ.
+    pub ram_size: Option<(u64, u64)>,
+    /// Fault records differ.
+    pub faults: bool,
+}
+
+impl StateDiff {
+    /// Nothing differs.
+    pub fn is_identical(&self) -> bool {
+        *self == StateDiff::default()
+    }
+}
+
+/// Compares what a guest can observe of two vGPUs: registers (MMIO reads), GGTT entries (through
+/// the MMIO GTT range, at guest-view offsets), reported faults and every byte of guest RAM.
+pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
+    let mut d = StateDiff::default();
+    let keys: BTreeSet<u32> = a.vregs.keys().chain(b.vregs.keys()).copied().collect();
+    for k in keys {
+        let (x, y) = (a.vregs.get(&k).copied().unwrap_or(0), b.vregs.get(&k).copied().unwrap_or(0));
+        if x != y {
+            d.registers.push((k, x, y));
+        }
+    }
+    if a.guest_view != b.guest_view {
+        d.registers.push((mmio::VGT_PVINFO_PAGE + pvinfo::APERTURE_BASE, 0, 0));
+    }
+    let pages = a.guest_view.aperture.size / PAGE_SIZE + a.guest_view.hidden.size / PAGE_SIZE;
+    let (ga, gb) = (a.ggtt.save(), b.ggtt.save());
+    if ga != gb {
+        for p in 0..pages {
+            let off = if p < a.guest_view.aperture.size / PAGE_SIZE {
+                a.guest_view.aperture.base.0 + p * PAGE_SIZE
+            } else {
+                a.guest_view.hidden.base.0 + (p - a.guest_view.aperture.size / PAGE_SIZE) * PAGE_SIZE
+            };
+            if a.ggtt.entry(&a.guest_view, GgttOffset(off)) != b.ggtt.entry(&b.guest_view, GgttOffset(off)) {
+                d.ggtt_entries.push(off);
+            }
+        }
+    }
+    d.faults = a.faults != b.faults;
+    let (sa, sb) = (crate::gtt::ram_size(&a.mem), crate::gtt::ram_size(&b.mem));
+    if sa != sb {
+        d.ram_size = Some((sa, sb));
+        return d;
+    }
+    let mut pa = vec![0u8; PAGE_SIZE as usize];
+    let mut pb = vec![0u8; PAGE_SIZE as usize];
+    for gfn in 0..sa / PAGE_SIZE {
+        let addr = GuestAddress(gfn * PAGE_SIZE);
+        let ra = a.mem.read_slice(&mut pa, addr);
+        let rb = b.mem.read_slice(&mut pb, addr);
+        if ra.is_err() || rb.is_err() || pa != pb {
+            d.pages.push(Gfn(gfn));
+        }
+    }
+    d
+}

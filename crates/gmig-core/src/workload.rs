@@ -1,0 +1,750 @@
+//! The guest-driver model: a deterministic stand-in for the guest's i915 that drives a [`Vgpu`].
+//!
+//! It reads the PV info page, keeps to its balloon, allocates objects in its GGTT slices (and in a
+//! 4-level PPGTT it builds in guest RAM), writes GGTT entries through the MMIO GTT range, builds
+//! context images, rings and batches in guest RAM, submits through ELSP and waits for completion by
+//! reading the seqno its ring writes into the hardware status page. Everything is derived from a
+//! seed. Profiles and their per-frame dirty sets are documented in `docs/workloads.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gmig_cmdparser::build::{self, Rect};
+use gmig_cmdparser::{by_name, AddressSpace, Gen};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::gm::{Gfn, VgpuSlices, PAGE_SIZE};
+use crate::gtt::Space;
+use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
+use crate::shadow::parser_engine;
+use crate::vgpu::{Vgpu, VgpuError};
+
+/// Errors of the guest-driver model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkloadError {
+    /// The PV info page is missing or has an unknown version.
+    #[error("no GVT-g PV info page (magic {0:#x})")]
+    NoPvInfo(u64),
+    /// The guest ran out of guest RAM for its objects.
+    #[error("guest RAM exhausted allocating {0:#x} bytes")]
+    OutOfRam(u64),
+    /// The guest ran out of graphics memory in its balloon.
+    #[error("balloon exhausted allocating {0:#x} bytes")]
+    OutOfBalloon(u64),
+    /// The vGPU refused an MMIO access.
+    #[error("vGPU: {0}")]
+    Vgpu(#[from] VgpuError),
+    /// A guest RAM access failed.
+    #[error("guest RAM access at {0:#x} failed")]
+    Ram(u64),
+    /// A command the model wanted is not in the parser's tables.
+    #[error("command {0} unknown to the parser tables")]
+    NoCommand(&'static str),
+}
+
+/// Result type of this module.
+pub type Result<T> = std::result::Result<T, WorkloadError>;
+
+/// Workload profiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Profile {
+    /// A status-page heartbeat and a blinking cursor.
+    Idle,
+    /// A compositor blitting damaged windows and a cursor into a double-buffered scanout.
+    Desktop,
+    /// Full render-target and depth rewrite per frame, plus a texture upload.
+    ThreeD,
+    /// NV12 frames decoded by the video engine.
+    Video,
+    /// Large buffer writes by GPGPU walkers.
+    Compute,
+}
+
+impl Profile {
+    /// Every profile.
+    pub const ALL: [Profile; 5] = [Profile::Idle, Profile::Desktop, Profile::ThreeD, Profile::Video, Profile::Compute];
+
+    /// Name as used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Idle => "idle",
+            Profile::Desktop => "desktop",
+            Profile::ThreeD => "3d",
+            Profile::Video => "video",
+            Profile::Compute => "compute",
+        }
+    }
+
+    /// Parses a name.
+    pub fn from_name(s: &str) -> Option<Profile> {
+        Profile::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    fn engines(self) -> &'static [EngineId] {
+        match self {
+            Profile::Idle | Profile::Desktop => &[EngineId::Blitter],
+            Profile::ThreeD => &[EngineId::Render, EngineId::Blitter],
+            Profile::Video => &[EngineId::Video],
+            Profile::Compute => &[EngineId::Render],
+        }
+    }
+
+    fn uses_ppgtt(self) -> bool {
+        matches!(self, Profile::ThreeD | Profile::Video | Profile::Compute)
+    }
+}
+
+/// Size knobs (tests keep them small).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkloadConfig {
+    /// Screen / render-target / video width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Desktop windows.
+    pub windows: u32,
+    /// Compute buffer size in bytes.
+    pub compute_bytes: u64,
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        WorkloadConfig { width: 1024, height: 768, windows: 6, compute_bytes: 8 << 20 }
+    }
+}
+
+impl WorkloadConfig {
+    /// A small configuration for fast tests.
+    pub fn small() -> Self {
+        WorkloadConfig { width: 256, height: 192, windows: 4, compute_bytes: 1 << 20 }
+    }
+}
+
+/// A graphics object: pages contiguous in guest RAM, mapped at `gpu` in `space`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Obj {
+    /// GGTT (guest-view offset) or PPGTT.
+    pub space: Space,
+    /// GPU address.
+    pub gpu: u64,
+    /// Guest-physical address of the first page.
+    pub gpa: u64,
+    /// Size in bytes (page multiple).
+    pub size: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Ctx {
+    engine: EngineId,
+    image: Obj,
+    ring: Obj,
+    hws: Obj,
+    tail: u32,
+    ctx_id: u32,
+    ppgtt: bool,
+    batches: Vec<Obj>,
+    next_batch: usize,
+    seqno: u32,
+}
+
+/// Dword index of the seqno in each engine's status page (`I915_GEM_HWS_INDEX`).
+pub const HWS_SEQNO_INDEX: u64 = 0x30;
+const BATCH_BYTES: u64 = 16 * 1024;
+const RING_PAGES: u64 = 4;
+
+/// What waiting found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WaitReport {
+    /// Engines whose status page shows the last seqno submitted.
+    pub completed: u32,
+    /// Engines whose last submission did not complete (refused or faulted).
+    pub failed: u32,
+}
+
+/// The guest driver (its state is the guest's: it lives in guest RAM and vCPU state, so it is
+/// not part of the vGPU checkpoint; a migrated guest simply keeps its driver).
+#[derive(Clone, Debug)]
+pub struct GuestDriver {
+    profile: Profile,
+    cfg: WorkloadConfig,
+    rng: ChaCha8Rng,
+    gen: Gen,
+    balloon: VgpuSlices,
+    ap_next: u64,
+    hid_next: u64,
+    ram_next: u64,
+    ram_end: u64,
+    pml4: Option<u64>,
+    pt_tables: BTreeMap<(u8, u64), u64>,
+    ppgtt_next: u64,
+    ctxs: Vec<Ctx>,
+    objs: BTreeMap<String, Obj>,
+    frame: u64,
+    cpu_dirty: BTreeSet<Gfn>,
+    failures: u64,
+    windows: Vec<(Obj, u32, u32, u32, u32, bool)>, // obj, w, h, x, y, x-tiled
+}
+
+fn page_align(n: u64) -> u64 {
+    n.div_ceil(PAGE_SIZE) * PAGE_SIZE
+}
+
+impl GuestDriver {
+    /// Boots the driver on `vgpu`: reads the PV info page, sets up contexts, rings, status pages,
+    /// the PPGTT (for profiles that use it) and the profile's objects.
+    pub fn boot(vgpu: &mut Vgpu, profile: Profile, cfg: WorkloadConfig, seed: u64) -> Result<GuestDriver> {
+        let magic = vgpu.mmio_read64(mmio::VGT_PVINFO_PAGE + pvinfo::MAGIC)?;
+        let version = vgpu.mmio_read32(mmio::VGT_PVINFO_PAGE + pvinfo::VERSION_MAJOR)?;
+        if magic != mmio::VGT_MAGIC || version & 0xffff != u32::from(mmio::VGT_VERSION_MAJOR) {
+            return Err(WorkloadError::NoPvInfo(magic));
+        }
+        let rd = |f: u32| vgpu.mmio_read32(mmio::VGT_PVINFO_PAGE + f).map(u64::from);
+        let balloon = crate::gm::slices_at(
+            rd(pvinfo::APERTURE_BASE)?,
+            rd(pvinfo::APERTURE_SIZE)?,
+            rd(pvinfo::HIDDEN_BASE)?,
+            rd(pvinfo::HIDDEN_SIZE)?,
+        );
+        let mut d = GuestDriver {
+            profile,
+            cfg,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            gen: vgpu.config().gen,
+            balloon,
+            ap_next: balloon.aperture.base.0,
+            hid_next: balloon.hidden.base.0,
+            ram_next: 2 << 20,
+            ram_end: crate::gtt::ram_size(vgpu.guest_memory()),
+            pml4: None,
+            pt_tables: BTreeMap::new(),
+            ppgtt_next: 1 << 32,
+            ctxs: Vec::new(),
+            objs: BTreeMap::new(),
+            frame: 0,
+            cpu_dirty: BTreeSet::new(),
+            failures: 0,
+            windows: Vec::new(),
+        };
+        if profile.uses_ppgtt() {
+            d.pml4 = Some(d.alloc_ram(PAGE_SIZE)?);
+        }
+        for (i, &engine) in profile.engines().iter().enumerate() {
+            d.setup_context(vgpu, engine, i as u32 + 1)?;
+        }
+        d.setup_objects(vgpu)?;
+        Ok(d)
+    }
+
+    /// The profile.
+    pub fn profile(&self) -> Profile {
+        self.profile
+    }
+
+    /// Frames submitted so far.
+    pub fn frame(&self) -> u64 {
+        self.frame
+    }
+
+    /// Submissions the vGPU did not complete (refused or faulted), as the guest saw them.
+    pub fn failures(&self) -> u64 {
+        self.failures
+    }
+
+    /// Guest frames the guest CPU wrote since the last call (what KVM's dirty log would show).
+    pub fn take_cpu_dirty(&mut self) -> BTreeSet<Gfn> {
+        std::mem::take(&mut self.cpu_dirty)
+    }
+
+    /// A named object of the profile (e.g. `"fb0"`, `"rt"`, `"compute"`).
+    pub fn object(&self, name: &str) -> Option<Obj> {
+        self.objs.get(name).copied()
+    }
+
+    // ---- allocation ----
+
+    fn alloc_ram(&mut self, size: u64) -> Result<u64> {
+        let size = page_align(size);
+        let gpa = self.ram_next;
+        let end = gpa.checked_add(size).filter(|e| *e <= self.ram_end).ok_or(WorkloadError::OutOfRam(size))?;
+        self.ram_next = end;
+        Ok(gpa)
+    }
+
+    fn alloc_ggtt(&mut self, vgpu: &mut Vgpu, hidden: bool, size: u64) -> Result<Obj> {
+        let size = page_align(size);
+        let (next, slice) = if hidden {
+            (&mut self.hid_next, self.balloon.hidden)
+        } else {
+            (&mut self.ap_next, self.balloon.aperture)
+        };
+        let gpu = *next;
+        if !slice.contains(gpu, size) {
+            return Err(WorkloadError::OutOfBalloon(size));
+        }
+        *next += size;
+        let gpa = self.alloc_ram(size)?;
+        for p in 0..size / PAGE_SIZE {
+            let entry = (gpu + p * PAGE_SIZE) / PAGE_SIZE;
+            let pte = (gpa + p * PAGE_SIZE) | mmio::GTT_PTE_PRESENT;
+            vgpu.mmio_write64(mmio::GTT_MMIO_BASE + (entry * 8) as u32, pte)?;
+        }
+        Ok(Obj { space: Space::Ggtt, gpu, gpa, size })
+    }
+
+    fn alloc_ppgtt(&mut self, vgpu: &Vgpu, size: u64) -> Result<Obj> {
+        let size = page_align(size);
+        let gpu = self.ppgtt_next;
+        self.ppgtt_next += size.max(64 * 1024).next_multiple_of(64 * 1024);
+        let gpa = self.alloc_ram(size)?;
+        for p in 0..size / PAGE_SIZE {
+            self.map_ppgtt_page(vgpu, gpu + p * PAGE_SIZE, gpa + p * PAGE_SIZE)?;
+        }
+        Ok(Obj { space: Space::Ppgtt, gpu, gpa, size })
+    }
+
+    fn map_ppgtt_page(&mut self, vgpu: &Vgpu, va: u64, gpa: u64) -> Result<()> {
+        let mut table = self.pml4.ok_or(WorkloadError::NoPvInfo(0))?;
+        for level in (2..=4u8).rev() {
+            let shift = 12 + 9 * (u32::from(level) - 1);
+            let idx = (va >> shift) & 0x1ff;
+            let key = (level, va >> shift);
+            let next = match self.pt_tables.get(&key) {
+                Some(t) => *t,
+                None => {
+                    let t = self.alloc_ram(PAGE_SIZE)?;
+                    self.cpu_write(vgpu, table + idx * 8, &(t | 3).to_le_bytes())?;
+                    self.pt_tables.insert(key, t);
+                    t
+                }
+            };
+            table = next;
+        }
+        let idx = (va >> 12) & 0x1ff;
+        self.cpu_write(vgpu, table + idx * 8, &(gpa | 3).to_le_bytes())
+    }
+
+    fn cpu_write(&mut self, vgpu: &Vgpu, gpa: u64, data: &[u8]) -> Result<()> {
+        vgpu.guest_memory().write_slice(data, GuestAddress(gpa)).map_err(|_| WorkloadError::Ram(gpa))?;
+        let first = gpa / PAGE_SIZE;
+        let last = (gpa + data.len().max(1) as u64 - 1) / PAGE_SIZE;
+        self.cpu_dirty.extend((first..=last).map(Gfn));
+        Ok(())
+    }
+
+    fn cpu_write_dwords(&mut self, vgpu: &Vgpu, gpa: u64, dwords: &[u32]) -> Result<()> {
+        let bytes: Vec<u8> = dwords.iter().flat_map(|d| d.to_le_bytes()).collect();
+        self.cpu_write(vgpu, gpa, &bytes)
+    }
+
+    // ---- setup ----
+
+    fn setup_context(&mut self, vgpu: &mut Vgpu, engine: EngineId, ctx_id: u32) -> Result<()> {
+        let hws = self.alloc_ggtt(vgpu, false, PAGE_SIZE)?;
+        vgpu.mmio_write32(engine.mmio_base() + ring::HWS_PGA, hws.gpu as u32)?;
+        let image = self.alloc_ggtt(vgpu, true, lrc::CONTEXT_PAGES * PAGE_SIZE)?;
+        let ring_obj = self.alloc_ggtt(vgpu, true, RING_PAGES * PAGE_SIZE)?;
+        let ppgtt = self.profile.uses_ppgtt();
+        let mut batches = Vec::new();
+        for _ in 0..4 {
+            batches.push(if ppgtt { self.alloc_ppgtt(vgpu, BATCH_BYTES)? } else { self.alloc_ggtt(vgpu, true, BATCH_BYTES)? });
+        }
+        // Register state page: LRI header and (register, value) pairs as the hardware lays it out.
+        let base = engine.mmio_base();
+        let mut state = vec![0u32; lrc::STATE_DWORDS];
+        state[1] = (0x22 << 23) | (2 * 14 - 1);
+        let mut pair = |i: usize, reg: u32, v: u32| {
+            state[i - 1] = base + reg;
+            state[i] = v;
+        };
+        pair(lrc::CONTEXT_CONTROL, 0x244, 0);
+        pair(lrc::RING_HEAD, ring::HEAD, 0);
+        pair(lrc::RING_TAIL, ring::TAIL, 0);
+        pair(lrc::RING_START, ring::START, ring_obj.gpu as u32);
+        pair(lrc::RING_CTL, ring::CTL, ((RING_PAGES as u32 - 1) << 12) | 1);
+        let pml4 = self.pml4.unwrap_or(0);
+        pair(lrc::PDP0_UDW, 0x274, (pml4 >> 32) as u32);
+        pair(lrc::PDP0_LDW, 0x270, pml4 as u32);
+        self.cpu_write_dwords(vgpu, image.gpa + lrc::STATE_OFFSET, &state)?;
+        self.ctxs.push(Ctx { engine, image, ring: ring_obj, hws, tail: 0, ctx_id, ppgtt, batches, next_batch: 0, seqno: 0 });
+        Ok(())
+    }
+
+    fn new_obj(&mut self, vgpu: &mut Vgpu, name: &str, hidden: bool, size: u64) -> Result<Obj> {
+        let o = if self.profile.uses_ppgtt() { self.alloc_ppgtt(vgpu, size)? } else { self.alloc_ggtt(vgpu, hidden, size)? };
+        self.objs.insert(name.to_string(), o);
+        Ok(o)
+    }
+
+    fn setup_objects(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        let (w, h) = (u64::from(self.cfg.width), u64::from(self.cfg.height));
+        // Every profile has a scanout in the aperture, a plane pointing at it, and a fence over it.
+        let fb0 = self.alloc_ggtt(vgpu, false, w * h * 4)?;
+        self.objs.insert("fb0".into(), fb0);
+        vgpu.mmio_write32(mmio::PLANE_SURF[0], fb0.gpu as u32)?;
+        vgpu.mmio_write32(mmio::PLANE_STRIDE[0], (w * 4 / 64) as u32)?;
+        let fence_lo = (fb0.gpu as u32 & 0xffff_f000) | 1;
+        let fence_hi = ((fb0.gpu + fb0.size - PAGE_SIZE) as u32 & 0xffff_f000) | ((w * 4 / 128).max(1) as u32 - 1);
+        vgpu.mmio_write32(mmio::FENCE_REG_BASE, fence_lo)?;
+        vgpu.mmio_write32(mmio::FENCE_REG_BASE + 4, fence_hi)?;
+        let timeline = self.alloc_ggtt(vgpu, true, PAGE_SIZE)?;
+        self.objs.insert("timeline".into(), timeline);
+        match self.profile {
+            Profile::Idle => {
+                let cursor = self.alloc_ggtt(vgpu, false, 64 * 64 * 4)?;
+                self.objs.insert("cursor".into(), cursor);
+                vgpu.mmio_write32(mmio::CUR_BASE[0], cursor.gpu as u32)?;
+            }
+            Profile::Desktop => {
+                let fb1 = self.alloc_ggtt(vgpu, false, w * h * 4)?;
+                self.objs.insert("fb1".into(), fb1);
+                let cursor = self.alloc_ggtt(vgpu, false, 64 * 64 * 4)?;
+                self.objs.insert("cursor".into(), cursor);
+                vgpu.mmio_write32(mmio::CUR_BASE[0], cursor.gpu as u32)?;
+                let pattern: Vec<u8> = (0..64 * 64 * 4).map(|i| (i * 7 % 251) as u8).collect();
+                self.cpu_write(vgpu, cursor.gpa, &pattern)?;
+                for i in 0..self.cfg.windows {
+                    let ww = self.rng.random_range(w / 8..=w / 2).max(16) as u32;
+                    let wh = self.rng.random_range(h / 8..=h / 2).max(8) as u32;
+                    let x = self.rng.random_range(0..=(w as u32 - ww));
+                    let y = self.rng.random_range(0..=(h as u32 - wh));
+                    let tiled = i == 0;
+                    // X-tiled surfaces need a pitch of whole 512-byte tiles and whole 8-row tiles.
+                    let pitch = if tiled { (u64::from(ww) * 4).next_multiple_of(512) } else { u64::from(ww) * 4 };
+                    let rows = if tiled { u64::from(wh).next_multiple_of(8) } else { u64::from(wh) };
+                    let o = self.alloc_ggtt(vgpu, true, pitch * rows)?;
+                    self.objs.insert(format!("window{i}"), o);
+                    self.windows.push((o, ww, wh, x, y, tiled));
+                }
+            }
+            Profile::ThreeD => {
+                let rt = self.new_obj(vgpu, "rt", true, w * h * 4)?;
+                self.new_obj(vgpu, "depth", true, w * h * 4)?;
+                for t in 0..4 {
+                    self.new_obj(vgpu, &format!("texture{t}"), true, 128 * 128 * 4)?;
+                }
+                self.new_obj(vgpu, "staging", true, 128 * 128 * 4)?;
+                self.new_obj(vgpu, "query", true, PAGE_SIZE)?;
+                let heap = self.new_obj(vgpu, "surface_heap", true, PAGE_SIZE)?;
+                self.write_surface_state(vgpu, heap, rt, w as u32, h as u32, w as u32 * 4)?;
+            }
+            Profile::Video => {
+                for f in 0..3 {
+                    self.new_obj(vgpu, &format!("nv12_{f}"), true, w * h * 3 / 2)?;
+                }
+                self.new_obj(vgpu, "bitstream", true, 64 * 1024)?;
+                self.new_obj(vgpu, "status", true, PAGE_SIZE)?;
+            }
+            Profile::Compute => {
+                let bytes = page_align(self.cfg.compute_bytes);
+                let buf = self.new_obj(vgpu, "compute", true, bytes)?;
+                self.new_obj(vgpu, "results", true, PAGE_SIZE)?;
+                let heap = self.new_obj(vgpu, "surface_heap", true, PAGE_SIZE)?;
+                // The buffer as a 2D surface of 4096-byte rows.
+                self.write_surface_state(vgpu, heap, buf, 1024, (bytes / 4096) as u32, 4096)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Binding table at offset 0 of the heap (entry 0 = 64), RENDER_SURFACE_STATE at 64.
+    fn write_surface_state(&mut self, vgpu: &Vgpu, heap: Obj, target: Obj, w: u32, h: u32, pitch: u32) -> Result<()> {
+        self.cpu_write_dwords(vgpu, heap.gpa, &[64])?;
+        let mut ss = [0u32; 16];
+        ss[0] = (1 << 29) | (0x0c0 << 18); // SURFTYPE_2D, B8G8R8A8_UNORM
+        ss[2] = ((h - 1) << 16) | (w - 1);
+        ss[3] = pitch - 1;
+        ss[8] = target.gpu as u32;
+        ss[9] = (target.gpu >> 32) as u32;
+        self.cpu_write_dwords(vgpu, heap.gpa + 64, &ss)
+    }
+
+    fn header(&self, engine: EngineId, name: &'static str, len: u32) -> Result<u32> {
+        by_name(self.gen, parser_engine(engine), name).map(|d| d.header(len)).ok_or(WorkloadError::NoCommand(name))
+    }
+
+    // ---- submission ----
+
+    fn ctx_index(&self, engine: EngineId) -> usize {
+        self.ctxs.iter().position(|c| c.engine == engine).unwrap_or(0)
+    }
+
+    /// Writes `cmds` (ending in MI_BATCH_BUFFER_END) into the context's next batch buffer and
+    /// returns its address.
+    fn write_batch(&mut self, vgpu: &Vgpu, ci: usize, cmds: &[u32]) -> Result<Obj> {
+        let c = &mut self.ctxs[ci];
+        let b = c.batches[c.next_batch % c.batches.len()];
+        c.next_batch += 1;
+        if cmds.len() as u64 * 4 > b.size {
+            return Err(WorkloadError::OutOfRam(cmds.len() as u64 * 4));
+        }
+        self.cpu_write_dwords(vgpu, b.gpa, cmds)?;
+        Ok(b)
+    }
+
+    /// Appends ring commands (BB_START of `batch`, extra ring commands, the seqno breadcrumb and a
+    /// user interrupt), updates the context image's tail and writes the ELSP.
+    fn submit(&mut self, vgpu: &mut Vgpu, ci: usize, batch: Option<Obj>, extra: &[u32]) -> Result<()> {
+        let mut cmds = Vec::new();
+        if let Some(b) = batch {
+            cmds.extend(build::mi_batch_buffer_start(b.space, b.gpu, false));
+        }
+        cmds.extend_from_slice(extra);
+        let c = &mut self.ctxs[ci];
+        c.seqno = c.seqno.wrapping_add(1);
+        let seqno = c.seqno;
+        let hws = c.hws.gpu + 4 * HWS_SEQNO_INDEX;
+        cmds.extend(build::mi_store_data_imm(AddressSpace::Ggtt, hws, &[seqno]));
+        cmds.extend(build::mi_user_interrupt());
+        if cmds.len() % 2 == 1 {
+            cmds.extend(build::mi_noop());
+        }
+        let ring_size = c.ring.size as u32;
+        let mut tail = c.tail;
+        let (ring_gpa, image_gpa, engine, ctx_id, ppgtt) = (c.ring.gpa, c.image.gpa, c.engine, c.ctx_id, c.ppgtt);
+        let bytes = cmds.len() as u32 * 4;
+        if tail + bytes >= ring_size {
+            // Pad to the end with MI_NOOP and wrap.
+            let pad = vec![0u32; ((ring_size - tail) / 4) as usize];
+            self.cpu_write_dwords(vgpu, ring_gpa + u64::from(tail), &pad)?;
+            tail = 0;
+        }
+        self.cpu_write_dwords(vgpu, ring_gpa + u64::from(tail), &cmds)?;
+        tail = (tail + bytes) % ring_size;
+        self.ctxs[ci].tail = tail;
+        self.cpu_write_dwords(vgpu, image_gpa + lrc::STATE_OFFSET + 4 * lrc::RING_TAIL as u64, &[tail])?;
+        let lrca = self.ctxs[ci].image.gpu;
+        let mut d = desc::VALID | (lrca & desc::LRCA_MASK) | (u64::from(ctx_id) << desc::CTX_ID_SHIFT);
+        d |= if ppgtt { 3 << desc::ADDRESSING_SHIFT } else { (1 << desc::ADDRESSING_SHIFT) | desc::PRIVILEGE };
+        let elsp = engine.mmio_base() + ring::ELSP;
+        vgpu.mmio_write32(elsp, 0)?;
+        vgpu.mmio_write32(elsp, 0)?;
+        vgpu.mmio_write32(elsp, (d >> 32) as u32)?;
+        vgpu.mmio_write32(elsp, d as u32)?;
+        Ok(())
+    }
+
+    /// Submits a batch of raw commands on `engine` (tests use this to play a hostile guest). A
+    /// final MI_BATCH_BUFFER_END is appended.
+    pub fn submit_raw_batch(&mut self, vgpu: &mut Vgpu, engine: EngineId, cmds: &[u32]) -> Result<Obj> {
+        let ci = self.ctx_index(engine);
+        let mut all = cmds.to_vec();
+        all.extend(build::mi_batch_buffer_end());
+        let b = self.write_batch(vgpu, ci, &all)?;
+        self.submit(vgpu, ci, Some(b), &[])?;
+        Ok(b)
+    }
+
+    /// Builds and submits one frame of the profile (does not wait).
+    pub fn submit_frame(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        match self.profile {
+            Profile::Idle => self.frame_idle(vgpu)?,
+            Profile::Desktop => self.frame_desktop(vgpu)?,
+            Profile::ThreeD => self.frame_3d(vgpu)?,
+            Profile::Video => self.frame_video(vgpu)?,
+            Profile::Compute => self.frame_compute(vgpu)?,
+        }
+        self.frame += 1;
+        Ok(())
+    }
+
+    /// Lets the vGPU run everything queued, then checks each engine's status page for the last
+    /// seqno submitted, as i915 waits on a request.
+    pub fn wait(&mut self, vgpu: &mut Vgpu) -> Result<WaitReport> {
+        vgpu.run_until_idle();
+        let mut rep = WaitReport::default();
+        for c in &self.ctxs {
+            let mut b = [0u8; 4];
+            vgpu.guest_memory()
+                .read_slice(&mut b, GuestAddress(c.hws.gpa + 4 * HWS_SEQNO_INDEX))
+                .map_err(|_| WorkloadError::Ram(c.hws.gpa))?;
+            if u32::from_le_bytes(b) == c.seqno {
+                rep.completed += 1;
+            } else {
+                rep.failed += 1;
+            }
+        }
+        self.failures += u64::from(rep.failed);
+        Ok(rep)
+    }
+
+    /// Submits and waits for `n` frames.
+    pub fn run_frames(&mut self, vgpu: &mut Vgpu, n: u64) -> Result<()> {
+        for _ in 0..n {
+            self.submit_frame(vgpu)?;
+            self.wait(vgpu)?;
+        }
+        Ok(())
+    }
+
+    fn frame_idle(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        let ci = self.ctx_index(EngineId::Blitter);
+        let mut extra = Vec::new();
+        if self.frame % 30 == 0 {
+            let cursor = self.objs["cursor"];
+            let color = if (self.frame / 30) % 2 == 0 { 0xffff_ffff } else { 0 };
+            extra.extend(build::xy_color_blt(cursor.gpu, 64 * 4, 4, Rect { x1: 0, y1: 0, x2: 64, y2: 64 }, color));
+        }
+        self.submit(vgpu, ci, None, &extra)
+    }
+
+    fn frame_desktop(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        let ci = self.ctx_index(EngineId::Blitter);
+        let (w, h) = (self.cfg.width, self.cfg.height);
+        let back = if self.frame % 2 == 0 { self.objs["fb1"] } else { self.objs["fb0"] };
+        // Flip to what the previous frame composed.
+        if self.frame > 0 {
+            let front = if self.frame % 2 == 0 { self.objs["fb0"] } else { self.objs["fb1"] };
+            vgpu.mmio_write32(mmio::PLANE_SURF[0], front.gpu as u32)?;
+        }
+        // Clients: one or two windows get a damage rectangle (GPU fill) and a line of text (CPU).
+        let damaged = self.rng.random_range(1..=2usize.min(self.windows.len()));
+        let mut client = Vec::new();
+        for _ in 0..damaged {
+            let wi = self.rng.random_range(0..self.windows.len());
+            let (o, ww, wh, _, _, tiled) = self.windows[wi];
+            let x1 = self.rng.random_range(0..ww / 2) as u16;
+            let y1 = self.rng.random_range(0..wh / 2) as u16;
+            let x2 = self.rng.random_range(u32::from(x1) + 1..=ww) as u16;
+            let y2 = self.rng.random_range(u32::from(y1) + 1..=wh) as u16;
+            let color: u32 = self.rng.random();
+            let pitch = if tiled { (u64::from(ww) * 4).next_multiple_of(512) } else { u64::from(ww) * 4 };
+            let mut cmd = build::xy_color_blt(o.gpu, if tiled { (pitch / 4) as i16 } else { pitch as i16 }, 4, Rect { x1, y1, x2, y2 }, color);
+            if tiled {
+                cmd[0] |= 1 << 11;
+            }
+            client.extend(cmd);
+            if !tiled {
+                let row = self.rng.random_range(0..wh) as u64;
+                let text: Vec<u8> = (0..u64::from(ww) * 4).map(|_| self.rng.random()).collect();
+                self.cpu_write(vgpu, o.gpa + row * pitch, &text)?;
+            }
+        }
+        client.extend(build::mi_batch_buffer_end());
+        let b = self.write_batch(vgpu, ci, &client)?;
+        self.submit(vgpu, ci, Some(b), &[])?;
+        // Compositor: every window into the back buffer, then the cursor from a second-level batch.
+        let mut comp = Vec::new();
+        for &(o, ww, wh, x, y, tiled) in &self.windows {
+            let pitch = if tiled { (u64::from(ww) * 4).next_multiple_of(512) } else { u64::from(ww) * 4 };
+            let rect = Rect { x1: x as u16, y1: y as u16, x2: (x + ww) as u16, y2: (y + wh) as u16 };
+            let src_pitch = if tiled { (pitch / 4) as i16 } else { pitch as i16 };
+            let mut cmd = build::xy_src_copy_blt(back.gpu, (w * 4) as i16, rect, o.gpu, src_pitch, 0, 0, 4);
+            if tiled {
+                cmd[0] |= 1 << 15;
+            }
+            comp.extend(cmd);
+        }
+        let cursor_batch = {
+            let cursor = self.objs["cursor"];
+            let cx = (self.frame as u32 * 7) % (w - 64);
+            let cy = (self.frame as u32 * 3) % (h - 64);
+            let rect = Rect { x1: cx as u16, y1: cy as u16, x2: (cx + 64) as u16, y2: (cy + 64) as u16 };
+            let mut c2 = build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4);
+            c2.extend(build::mi_batch_buffer_end());
+            self.write_batch(vgpu, ci, &c2)?
+        };
+        comp.extend(build::mi_batch_buffer_start(Space::Ggtt, cursor_batch.gpu, true));
+        let timeline = self.objs["timeline"];
+        comp.extend(build::mi_flush_dw(Some((AddressSpace::Ggtt, timeline.gpu, self.frame))));
+        comp.extend(build::mi_batch_buffer_end());
+        let b = self.write_batch(vgpu, ci, &comp)?;
+        self.submit(vgpu, ci, Some(b), &[])
+    }
+
+    fn frame_3d(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        let (w, h) = (self.cfg.width, self.cfg.height);
+        // Texture upload: the CPU fills a staging buffer, the blitter copies it into a texture.
+        let bci = self.ctx_index(EngineId::Blitter);
+        let staging = self.objs["staging"];
+        let tex = self.objs[&format!("texture{}", self.frame % 4)];
+        let data: Vec<u8> = (0..128 * 128 * 4 / 16).map(|_| self.rng.random()).collect();
+        let off = self.rng.random_range(0..16u64) * (128 * 128 * 4 / 16);
+        self.cpu_write(vgpu, staging.gpa + off, &data)?;
+        let mut up = build::xy_src_copy_blt(tex.gpu, 512, Rect { x1: 0, y1: 0, x2: 128, y2: 128 }, staging.gpu, 512, 0, 0, 4);
+        up.extend(build::mi_batch_buffer_end());
+        let b = self.write_batch(vgpu, bci, &up)?;
+        self.submit(vgpu, bci, Some(b), &[])?;
+        // Render: state, a draw covering the render target and depth, chained to a second
+        // first-level batch with a query write.
+        let rci = self.ctx_index(EngineId::Render);
+        let heap = self.objs["surface_heap"];
+        let depth = self.objs["depth"];
+        let query = self.objs["query"];
+        let mut tail = build::pipe_control(Some((AddressSpace::Ppgtt, query.gpu, self.frame)));
+        tail.extend(build::mi_batch_buffer_end());
+        let chained = self.write_batch(vgpu, rci, &tail)?;
+        let mut r = build::state_base_address(heap.gpu, heap.gpu);
+        r.extend([self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?, 0]);
+        let mut db = vec![0u32; 8];
+        db[0] = self.header(EngineId::Render, "3DSTATE_DEPTH_BUFFER", 8)?;
+        db[1] = (1 << 29) | (1 << 28) | (1 << 18) | (w * 4 - 1);
+        db[2] = depth.gpu as u32;
+        db[3] = (depth.gpu >> 32) as u32;
+        db[4] = ((h - 1) << 18) | ((w - 1) << 4);
+        r.extend(db);
+        let clear: f32 = self.rng.random_range(0.0..1.0);
+        r.extend([self.header(EngineId::Render, "3DSTATE_CLEAR_PARAMS", 3)?, clear.to_bits(), 1]);
+        let vertices = self.rng.random_range(3..3000u32);
+        r.extend(build::primitive_3d(vertices));
+        r.extend(build::mi_batch_buffer_start(Space::Ppgtt, chained.gpu, false));
+        let b = self.write_batch(vgpu, rci, &r)?;
+        let timeline = self.objs["timeline"];
+        let fence = build::pipe_control(Some((AddressSpace::Ggtt, timeline.gpu + 8, self.frame)));
+        self.submit(vgpu, rci, Some(b), &fence)
+    }
+
+    fn frame_video(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        let ci = self.ctx_index(EngineId::Video);
+        let (w, h) = (self.cfg.width, self.cfg.height);
+        let out = self.objs[&format!("nv12_{}", self.frame % 3)];
+        let bitstream = self.objs["bitstream"];
+        let status = self.objs["status"];
+        let len = self.rng.random_range(1024..32 * 1024usize);
+        let data: Vec<u8> = (0..len).map(|_| self.rng.random()).collect();
+        self.cpu_write(vgpu, bitstream.gpa, &data)?;
+        let e = EngineId::Video;
+        let mut b = Vec::new();
+        let mut surf = vec![0u32; 6];
+        surf[0] = self.header(e, "MFX_SURFACE_STATE", 6)?;
+        surf[2] = ((h - 1) << 18) | ((w - 1) << 4);
+        surf[3] = (4 << 28) | ((w - 1) << 3); // PLANAR_420_8, pitch
+        b.extend(surf);
+        let mut pba = vec![0u32; 65];
+        pba[0] = self.header(e, "MFX_PIPE_BUF_ADDR_STATE", 65)?;
+        pba[1] = out.gpu as u32;
+        pba[2] = (out.gpu >> 32) as u32;
+        b.extend(pba);
+        let mut bsd = vec![0u32; 7];
+        bsd[0] = self.header(e, "MFD_AVC_BSD_OBJECT", 7)?;
+        bsd[1] = len as u32;
+        bsd[2] = bitstream.gpu as u32;
+        bsd[3] = data.iter().take(16).fold(0u32, |a, x| a.rotate_left(5) ^ u32::from(*x));
+        b.extend(bsd);
+        b.extend(build::mi_flush_dw(Some((AddressSpace::Ppgtt, status.gpu, self.frame))));
+        b.extend(build::mi_batch_buffer_end());
+        let bo = self.write_batch(vgpu, ci, &b)?;
+        self.submit(vgpu, ci, Some(bo), &[])
+    }
+
+    fn frame_compute(&mut self, vgpu: &mut Vgpu) -> Result<()> {
+        let ci = self.ctx_index(EngineId::Render);
+        let heap = self.objs["surface_heap"];
+        let results = self.objs["results"];
+        let mut b = build::state_base_address(heap.gpu, heap.gpu);
+        b.extend([self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?, 0]);
+        b.extend(build::mi_load_register_imm(&[(0x2600, self.frame as u32)]));
+        let groups: u32 = self.rng.random_range(1..64);
+        let mut walker = vec![0u32; 15];
+        walker[0] = self.header(EngineId::Render, "GPGPU_WALKER", 15)?;
+        walker[7] = groups;
+        b.extend(walker);
+        let word: u32 = self.rng.random();
+        b.extend(build::mi_store_data_imm(AddressSpace::Ppgtt, results.gpu + 8 * (self.frame % 64), &[word, groups]));
+        b.extend(build::pipe_control(Some((AddressSpace::Ppgtt, results.gpu + 1024, self.frame))));
+        b.extend(build::mi_batch_buffer_end());
+        let bo = self.write_batch(vgpu, ci, &b)?;
+        self.submit(vgpu, ci, Some(bo), &[])
+    }
+}
