@@ -1,0 +1,451 @@
+//! The parallel page hasher: recording what is sent, and diffing memory against a snapshot.
+//!
+//! Work is split into contiguous chunks of the tracked frame space with about equal numbers of
+//! pages to hash (a few chunks per thread, so rayon's work stealing evens out slow chunks, and each
+//! chunk walks memory sequentially while prefetching the next page). Each chunk writes its own
+//! disjoint slice of the output (hashes or dirty-bitmap words), so there is no locking and no
+//! per-page allocation.
+
+use rayon::prelude::*;
+
+use crate::addr::{Gfn, PageDigest, PAGE_SIZE};
+use crate::bitmap::{BitmapError, DirtyBitmap};
+use crate::kernel::{self, Kernel};
+use crate::memory::{GuestPages, MemoryError};
+use crate::snapshot::{HashSnapshot, SnapshotError};
+
+/// Errors of hashing operations.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HashError {
+    /// The worker pool could not be started.
+    #[error("cannot start {threads} hashing threads: {reason}")]
+    ThreadPool {
+        /// Threads requested.
+        threads: usize,
+        /// rayon's reason.
+        reason: String,
+    },
+    /// The requested kernel does not run on this CPU.
+    #[error("hashing kernel {kernel} is not supported by this CPU")]
+    UnsupportedKernel {
+        /// Kernel name.
+        kernel: &'static str,
+    },
+    /// A send buffer or digest slice does not match the batch.
+    #[error("batch of {pages} pages needs {expected} bytes of buffer, got {got}")]
+    BufferSize {
+        /// Pages in the batch.
+        pages: usize,
+        /// Bytes needed.
+        expected: usize,
+        /// Bytes supplied.
+        got: usize,
+    },
+    /// Guest memory does not back a page.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A snapshot operation failed.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// A bitmap operation failed.
+    #[error(transparent)]
+    Bitmap(#[from] BitmapError),
+}
+
+/// Module result type.
+pub type Result<T> = std::result::Result<T, HashError>;
+
+/// Chunks per thread: enough for work stealing to balance, few enough to keep chunks sequential.
+const TASKS_PER_THREAD: usize = 4;
+/// Smallest chunk worth a task (1 MiB of pages).
+const MIN_TASK_PAGES: u64 = 256;
+/// Dirty pages handed to a diff sink at a time.
+pub const SINK_BATCH: usize = 64;
+
+/// Hashes guest pages on a private rayon pool of a fixed size with the widest kernel the CPU runs.
+#[derive(Debug)]
+pub struct Hasher {
+    pool: rayon::ThreadPool,
+    threads: usize,
+    kernel: Kernel,
+}
+
+impl Hasher {
+    /// A hasher with `threads` workers (0: one per available core) and the detected kernel.
+    pub fn new(threads: usize) -> Result<Self> {
+        Self::with_kernel(threads, Kernel::detect())
+    }
+
+    /// A hasher with `threads` workers (0: one per core) and a given kernel (for comparisons).
+    pub fn with_kernel(threads: usize, kernel: Kernel) -> Result<Self> {
+        if !kernel.is_supported() {
+            return Err(HashError::UnsupportedKernel {
+                kernel: kernel.name(),
+            });
+        }
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("gmig-hash-{i}"))
+            .build()
+            .map_err(|e| HashError::ThreadPool {
+                threads,
+                reason: e.to_string(),
+            })?;
+        Ok(Hasher {
+            pool,
+            threads,
+            kernel,
+        })
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The kernel in use.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// Split `work` (bitmap words) into contiguous word ranges with about equal set bits.
+    fn plan(&self, work: &[u64]) -> Vec<(usize, usize)> {
+        let total: u64 = work.iter().map(|w| u64::from(w.count_ones())).sum();
+        if total == 0 {
+            return Vec::new();
+        }
+        let max_tasks = (self.threads * TASKS_PER_THREAD) as u64;
+        let tasks = total.div_ceil(MIN_TASK_PAGES).clamp(1, max_tasks);
+        let per = total.div_ceil(tasks);
+        let mut out = Vec::with_capacity(tasks as usize);
+        let (mut start, mut acc) = (0usize, 0u64);
+        for (i, w) in work.iter().enumerate() {
+            acc += u64::from(w.count_ones());
+            if acc >= per {
+                out.push((start, i + 1));
+                start = i + 1;
+                acc = 0;
+            }
+        }
+        if start < work.len() && acc > 0 {
+            out.push((start, work.len()));
+        }
+        out
+    }
+
+    /// Copy the pages `gfns` into `buf` (page `i` at `buf[i * 4096..]`), in parallel, and record in
+    /// `snap` the hash of exactly the bytes copied. This is *the* way to record hashes for pages sent
+    /// while the guest runs: a write that lands during or after the copy makes memory differ from the
+    /// recorded hash, so [`Hasher::diff`] reports the page. Returns one digest per page; a
+    /// [`PageKind::Zero`](crate::PageKind::Zero) page can be sent as a marker instead of its bytes.
+    pub fn copy_for_send(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &mut HashSnapshot,
+        gfns: &[Gfn],
+        buf: &mut [u8],
+    ) -> Result<Vec<PageDigest>> {
+        let expected = gfns.len().saturating_mul(PAGE_SIZE);
+        if buf.len() != expected {
+            return Err(HashError::BufferSize {
+                pages: gfns.len(),
+                expected,
+                got: buf.len(),
+            });
+        }
+        // Every frame must be tracked before anything is copied, so a failure changes nothing.
+        for &g in gfns {
+            snap.index_of(g)
+                .ok_or(SnapshotError::NotTracked { gfn: g.0 })?;
+        }
+        let mut digests = vec![PageDigest::EMPTY; gfns.len()];
+        let mut samples = vec![0u32; if snap.has_samples() { gfns.len() } else { 0 }];
+        let kernel = self.kernel;
+        let want_samples = snap.has_samples();
+        self.pool.install(|| {
+            buf.par_chunks_mut(PAGE_SIZE)
+                .zip(digests.par_iter_mut())
+                .enumerate()
+                .with_min_len(16)
+                .try_for_each(|(i, (dst, d))| -> Result<()> {
+                    let src = mem.host(gfns[i])?;
+                    let next = gfns
+                        .get(i + 1)
+                        .and_then(|&g| mem.host(g).ok())
+                        .unwrap_or(src);
+                    // SAFETY: `src` is a mapped guest page (resolved by `mem`, alive for its
+                    // borrow); `dst` is a distinct PAGE_SIZE chunk of `buf`; the kernel is
+                    // supported (checked at construction).
+                    *d = unsafe { kernel.copy_hash_raw(src, dst.as_mut_ptr(), next) };
+                    Ok(())
+                })
+        })?;
+        if want_samples {
+            for (s, page) in samples.iter_mut().zip(buf.chunks_exact(PAGE_SIZE)) {
+                // SAFETY: `page` is PAGE_SIZE bytes of our own buffer.
+                *s = unsafe { kernel::sample_raw(page.as_ptr()) };
+            }
+        }
+        for (i, (&g, d)) in gfns.iter().zip(&digests).enumerate() {
+            snap.record(g, *d, samples.get(i).copied().unwrap_or(0))?;
+        }
+        Ok(digests)
+    }
+
+    /// Single-page form of [`Hasher::copy_for_send`] on the calling thread.
+    pub fn copy_page_for_send(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &mut HashSnapshot,
+        gfn: Gfn,
+        dst: &mut [u8; PAGE_SIZE],
+    ) -> Result<PageDigest> {
+        snap.index_of(gfn)
+            .ok_or(SnapshotError::NotTracked { gfn: gfn.0 })?;
+        let src = mem.host(gfn)?;
+        // SAFETY: `src` is a mapped guest page; `dst` is our own PAGE_SIZE buffer; the kernel is
+        // supported.
+        let d = unsafe { self.kernel.copy_hash_raw(src, dst.as_mut_ptr(), src) };
+        let sample = kernel::sample_page(dst);
+        snap.record(gfn, d, sample)?;
+        Ok(d)
+    }
+
+    /// Hash every tracked page *in place* and record the hashes, in parallel.
+    ///
+    /// Use this only for pages whose current bytes the destination already holds by other means
+    /// (or for benchmarks): a page sent by a separate copy after this call could change in between
+    /// and the change would be lost. Pages being sent go through [`Hasher::copy_for_send`].
+    pub fn record_in_place(&self, mem: &GuestPages<'_>, snap: &mut HashSnapshot) -> Result<()> {
+        let kernel = self.kernel;
+        let (tracked, ranks, hashes, samples) = snap.parts_mut();
+        let plan = self.plan(tracked.words());
+        // Carve the dense outputs into one disjoint slice per task.
+        let mut tasks = Vec::with_capacity(plan.len());
+        let (mut rest_h, mut rest_s) = (hashes, samples);
+        let mut consumed = 0usize;
+        for &(w0, w1) in &plan {
+            let (lo, hi) = (ranks[w0] as usize, ranks[w1] as usize);
+            let (skip_h, tail) = std::mem::take(&mut rest_h).split_at_mut(lo - consumed);
+            let _ = skip_h;
+            let (mine_h, tail) = tail.split_at_mut(hi - lo);
+            rest_h = tail;
+            let mine_s = match rest_s.take() {
+                Some(s) => {
+                    let (_, t) = s.split_at_mut(lo - consumed);
+                    let (m, t) = t.split_at_mut(hi - lo);
+                    rest_s = Some(t);
+                    Some(m)
+                }
+                None => None,
+            };
+            consumed = hi;
+            tasks.push((w0, w1, lo, mine_h, mine_s));
+        }
+        self.pool.install(|| {
+            tasks
+                .into_par_iter()
+                .try_for_each(|(w0, w1, lo, out_h, mut out_s)| -> Result<()> {
+                    for_each_page(
+                        tracked,
+                        ranks,
+                        |w| tracked.words()[w],
+                        w0,
+                        w1,
+                        mem,
+                        |_, idx, p, next| {
+                            // SAFETY: `p` is a mapped guest page; the kernel is supported.
+                            let d = unsafe { kernel.hash_raw(p, next) };
+                            out_h[idx - lo] = d.hash.0;
+                            if let Some(s) = out_s.as_deref_mut() {
+                                // SAFETY: as above.
+                                s[idx - lo] = unsafe { kernel::sample_raw(p) };
+                            }
+                            Ok(())
+                        },
+                    )
+                })
+        })?;
+        snap.mark_all_recorded();
+        Ok(())
+    }
+
+    /// Re-hash tracked pages and return those that changed since they were recorded, as a bitmap
+    /// over the snapshot's tracked span. With `candidates`, only tracked pages also set there are
+    /// re-hashed (the caller vouches the others are clean); pages never recorded are dirty either way.
+    /// With sampling on in the snapshot, a page whose sample differs is dirty without a full hash;
+    /// an equal sample always falls through to the full hash.
+    pub fn diff(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &HashSnapshot,
+        candidates: Option<&DirtyBitmap>,
+    ) -> Result<DirtyBitmap> {
+        self.diff_with(mem, snap, candidates, &|_| {})
+    }
+
+    /// [`Hasher::diff`] that also hands dirty frames to `sink` as they are found, in batches of up
+    /// to [`SINK_BATCH`], from the worker threads, so sending overlaps hashing. Frames arrive in
+    /// ascending order within a batch; batches from different workers interleave.
+    pub fn diff_with(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &HashSnapshot,
+        candidates: Option<&DirtyBitmap>,
+        sink: &(dyn Fn(&[Gfn]) + Sync),
+    ) -> Result<DirtyBitmap> {
+        let tracked = snap.tracked();
+        let recorded = snap.recorded();
+        let ranks = snap.ranks();
+        let hashes = snap.hashes();
+        let samples = snap.samples();
+        let kernel = self.kernel;
+        // Pages to visit: tracked ∧ (unrecorded ∨ candidate).
+        let work: Vec<u64> = (0..tracked.words().len())
+            .map(|k| {
+                let cand = candidates.map_or(u64::MAX, |c| tracked.foreign_word(c, k));
+                tracked.words()[k] & (!recorded.words()[k] | cand)
+            })
+            .collect();
+        let mut out = DirtyBitmap::new(tracked.base(), tracked.span_pages())?;
+        let plan = self.plan(&work);
+        let mut tasks = Vec::with_capacity(plan.len());
+        {
+            let mut rest: &mut [u64] = &mut out.words_mut();
+            let mut consumed = 0;
+            for &(w0, w1) in &plan {
+                let (_, t) = std::mem::take(&mut rest).split_at_mut(w0 - consumed);
+                let (mine, t) = t.split_at_mut(w1 - w0);
+                rest = t;
+                consumed = w1;
+                tasks.push((w0, w1, mine));
+            }
+            let base = tracked.base().0;
+            self.pool.install(|| {
+                tasks
+                    .into_par_iter()
+                    .try_for_each(|(w0, w1, mine)| -> Result<()> {
+                        let mut batch = [Gfn(0); SINK_BATCH];
+                        let mut n = 0usize;
+                        for_each_page(
+                            tracked,
+                            ranks,
+                            |w| work[w],
+                            w0,
+                            w1,
+                            mem,
+                            |gfn, idx, p, next| {
+                                let bit = gfn.0 - base;
+                                let unrecorded =
+                                    recorded.words()[(bit / 64) as usize] >> (bit % 64) & 1 == 0;
+                                let sample_differs = || {
+                                    samples.is_some_and(|s| {
+                                        // SAFETY: `p` is a mapped guest page.
+                                        let now = unsafe { kernel::sample_raw(p) };
+                                        s[idx] != now
+                                    })
+                                };
+                                // SAFETY: `p` is a mapped guest page; the kernel is supported.
+                                let hash_differs =
+                                    || unsafe { kernel.hash_raw(p, next) }.hash.0 != hashes[idx];
+                                let dirty = unrecorded || sample_differs() || hash_differs();
+                                if dirty {
+                                    let local = bit as usize / 64 - w0;
+                                    mine[local] |= 1 << (bit % 64);
+                                    batch[n] = gfn;
+                                    n += 1;
+                                    if n == SINK_BATCH {
+                                        sink(&batch);
+                                        n = 0;
+                                    }
+                                }
+                                Ok(())
+                            },
+                        )?;
+                        if n > 0 {
+                            sink(&batch[..n]);
+                        }
+                        Ok(())
+                    })
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Read every page set in `frames` once with the widest loads available, using the same work
+    /// split, threads and prefetching as hashing; returns an XOR fold of the data. This is the
+    /// memory-bandwidth baseline benchmarks compare hashing against.
+    pub fn read_probe(&self, mem: &GuestPages<'_>, frames: &DirtyBitmap) -> Result<u64> {
+        let kernel = self.kernel;
+        let plan = self.plan(frames.words());
+        let ranks = vec![0u32; frames.words().len() + 1];
+        self.pool.install(|| {
+            plan.into_par_iter()
+                .map(|(w0, w1)| -> Result<u64> {
+                    let mut x = 0u64;
+                    for_each_page(
+                        frames,
+                        &ranks,
+                        |w| frames.words()[w],
+                        w0,
+                        w1,
+                        mem,
+                        |_, _, p, next| {
+                            // SAFETY: `p` is a mapped guest page.
+                            x ^= unsafe { kernel::read_raw(kernel, p, next) };
+                            Ok(())
+                        },
+                    )?;
+                    Ok(x)
+                })
+                .try_reduce(|| 0, |a, b| Ok(a ^ b))
+        })
+    }
+}
+
+/// Visit the pages of `tracked` set in `work(w)` for words `w0..w1`, ascending, calling
+/// `f(gfn, dense index, host pointer, next page's host pointer)`. The dense index is only
+/// meaningful when `ranks` are `tracked`'s ranks.
+fn for_each_page<W, F>(
+    tracked: &DirtyBitmap,
+    ranks: &[u32],
+    work: W,
+    w0: usize,
+    w1: usize,
+    mem: &GuestPages<'_>,
+    mut f: F,
+) -> Result<()>
+where
+    W: Fn(usize) -> u64,
+    F: FnMut(Gfn, usize, *const u8, *const u8) -> Result<()>,
+{
+    let base = tracked.base().0;
+    let tw = tracked.words();
+    let mut cursor = mem.cursor();
+    let mut pending: Option<(Gfn, usize, *const u8)> = None;
+    for w in w0..w1 {
+        let t = tw[w];
+        let mut m = work(w) & t;
+        while m != 0 {
+            let b = m.trailing_zeros();
+            m &= m - 1;
+            let gfn = Gfn(base + w as u64 * 64 + u64::from(b));
+            let idx = ranks[w] as usize + (t & ((1u64 << b) - 1)).count_ones() as usize;
+            let ptr = cursor.host(gfn)?;
+            if let Some((g, i, p)) = pending {
+                f(g, i, p, ptr)?;
+            }
+            pending = Some((gfn, idx, ptr));
+        }
+    }
+    if let Some((g, i, p)) = pending {
+        f(g, i, p, p)?;
+    }
+    Ok(())
+}
