@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::gm::{GgttOffset, SliceMove, VgpuSlices};
 use crate::gtt::{Ggtt, GgttState, GuestRam};
 use crate::mmio;
-use crate::vgpu::{EngineState, ExecStats, GpuFault, Vgpu, VgpuConfig, WriteLog, Workload};
+use crate::vgpu::{EngineState, ExecStats, GpuFault, Vgpu, VgpuConfig, Workload, WriteLog};
 
 /// Envelope magic.
 pub const STATE_MAGIC: [u8; 8] = *b"GMIGVGPU";
@@ -148,7 +148,10 @@ impl VgpuState {
 
     /// Decodes an envelope.
     pub fn from_bytes(bytes: &[u8]) -> Result<VgpuState> {
-        let header = bytes.get(..HEADER_LEN).ok_or(CheckpointError::Truncated { got: bytes.len(), need: HEADER_LEN })?;
+        let header = bytes.get(..HEADER_LEN).ok_or(CheckpointError::Truncated {
+            got: bytes.len(),
+            need: HEADER_LEN,
+        })?;
         let mut magic = [0u8; 8];
         magic.copy_from_slice(&header[..8]);
         if magic != STATE_MAGIC {
@@ -164,7 +167,12 @@ impl VgpuState {
         }
         let stored = u32::from_le_bytes([header[16], header[17], header[18], header[19]]);
         let need = HEADER_LEN + len;
-        let body = bytes.get(HEADER_LEN..need).ok_or(CheckpointError::Truncated { got: bytes.len(), need })?;
+        let body = bytes
+            .get(HEADER_LEN..need)
+            .ok_or(CheckpointError::Truncated {
+                got: bytes.len(),
+                need,
+            })?;
         let computed = crc32fast::hash(body);
         if computed != stored {
             return Err(CheckpointError::BadCrc { stored, computed });
@@ -198,18 +206,27 @@ impl Vgpu {
 
     /// Rebuilds a vGPU from `state` on guest RAM `mem` (already holding the guest's pages), living
     /// in `dest` slices on this host.
-    pub fn restore(state: &VgpuState, mem: GuestRam, dest: VgpuSlices, opts: RestoreOptions) -> Result<Vgpu> {
+    pub fn restore(
+        state: &VgpuState,
+        mem: GuestRam,
+        dest: VgpuSlices,
+        opts: RestoreOptions,
+    ) -> Result<Vgpu> {
         let ty = state.cfg.ty;
         for s in [&state.host, &state.guest_view, &dest] {
             if s.aperture.size != ty.aperture_size() || s.hidden.size != ty.hidden_size() {
-                return Err(CheckpointError::Mismatch("slice sizes differ from the vGPU type"));
+                return Err(CheckpointError::Mismatch(
+                    "slice sizes differ from the vGPU type",
+                ));
             }
         }
         if state.engines.len() != 4 {
             return Err(CheckpointError::Mismatch("engine count"));
         }
-        let ggtt = Ggtt::load(&dest, &state.ggtt).ok_or(CheckpointError::Mismatch("GGTT table size"))?;
-        let mv = SliceMove::new(state.host, dest).map_err(|e| CheckpointError::Remap(e.to_string()))?;
+        let ggtt =
+            Ggtt::load(&dest, &state.ggtt).ok_or(CheckpointError::Mismatch("GGTT table size"))?;
+        let mv =
+            SliceMove::new(state.host, dest).map_err(|e| CheckpointError::Remap(e.to_string()))?;
         let remap = state.remap && opts.remap;
         let mut engines: [EngineState; 4] = Default::default();
         for (dst, src) in engines.iter_mut().zip(&state.engines) {
@@ -239,9 +256,9 @@ impl Vgpu {
             let v = match mmio::address_register(state.cfg.fence_num, reg) {
                 Some(mask) if remap && value != 0 => {
                     let addr = u64::from(value & mask);
-                    let h = mv
-                        .rebase(GgttOffset(addr))
-                        .ok_or_else(|| CheckpointError::Remap(format!("register {reg:#x} = {value:#x}")))?;
+                    let h = mv.rebase(GgttOffset(addr)).ok_or_else(|| {
+                        CheckpointError::Remap(format!("register {reg:#x} = {value:#x}"))
+                    })?;
                     (h.0 as u32 & mask) | (value & !mask)
                 }
                 _ => value,
@@ -252,12 +269,16 @@ impl Vgpu {
         for w in &state.queue {
             let mut w = w.clone();
             if remap {
-                w.lrca = mv
-                    .rebase(w.lrca)
-                    .ok_or_else(|| CheckpointError::Remap(format!("context image {:#x}", w.lrca.0)))?;
+                w.lrca = mv.rebase(w.lrca).ok_or_else(|| {
+                    CheckpointError::Remap(format!("context image {:#x}", w.lrca.0))
+                })?;
                 for c in &mut w.commands {
-                    crate::shadow::remap_command(state.cfg.gen, w.engine, c, &mv)
-                        .map_err(|e| CheckpointError::Remap(format!("workload {} at {:#x}: {e}", w.seq, c.guest_addr)))?;
+                    crate::shadow::remap_command(state.cfg.gen, w.engine, c, &mv).map_err(|e| {
+                        CheckpointError::Remap(format!(
+                            "workload {} at {:#x}: {e}",
+                            w.seq, c.guest_addr
+                        ))
+                    })?;
                 }
             }
             vgpu.queue.push_back(w);

@@ -52,7 +52,11 @@ impl Surface {
     /// length `len`).
     fn span(&self, x: u64, y: u64, len: u64) -> Option<(u64, u64)> {
         match self.tiling {
-            Tiling::Linear => Some((self.base.checked_add(y.checked_mul(self.pitch)?.checked_add(x)?)?, len)),
+            Tiling::Linear => Some((
+                self.base
+                    .checked_add(y.checked_mul(self.pitch)?.checked_add(x)?)?,
+                len,
+            )),
             Tiling::X => {
                 // X tile: 512 bytes x 8 rows = 4 KiB, tiles laid out row-major.
                 let tiles_per_row = self.pitch / 512;
@@ -103,7 +107,10 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
     let mut written = Vec::new();
     let mut log = crate::vgpu::WriteLog::default();
     {
-        let mut ctx = Ctx { view: vgpu.host_view(w.pml4), written: Vec::new() };
+        let mut ctx = Ctx {
+            view: vgpu.host_view(w.pml4),
+            written: Vec::new(),
+        };
         for cmd in &w.commands {
             let name = crate::shadow::log_write_set(gen, w.engine, cmd, &ctx.view, &mut log);
             clock += 1;
@@ -111,7 +118,10 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
                 Ok(Outcome::Executed) => executed += 1,
                 Ok(Outcome::Skipped(name)) => skipped.push(name),
                 Err(e) => {
-                    fault = Some(format!("{e} at {:#x} ({:?})", cmd.guest_addr, cmd.ctx.level));
+                    fault = Some(format!(
+                        "{e} at {:#x} ({:?})",
+                        cmd.guest_addr, cmd.ctx.level
+                    ));
                     break;
                 }
             }
@@ -138,7 +148,12 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
     }
     match fault {
         Some(reason) => {
-            vgpu.report_fault(GpuFault { engine: w.engine, ctx_id: w.ctx_id(), kind: FaultKind::Memory, reason });
+            vgpu.report_fault(GpuFault {
+                engine: w.engine,
+                ctx_id: w.ctx_id(),
+                kind: FaultKind::Memory,
+                reason,
+            });
         }
         None => vgpu.stats.workloads += 1,
     }
@@ -188,9 +203,18 @@ fn run_mi(
         "MI_BATCH_BUFFER_END" | "MI_BATCH_BUFFER_START" => Ok(Outcome::Executed),
         "MI_STORE_DATA_IMM" => {
             // MI_STORE_DATA_IMM: DW1-2 address, DW3.. data.
-            let space = if d0 & (1 << 22) != 0 { Space::Ggtt } else { Space::Ppgtt };
+            let space = if d0 & (1 << 22) != 0 {
+                Space::Ggtt
+            } else {
+                Space::Ppgtt
+            };
             let addr = addr48(dw(cmd, 1), dw(cmd, 2), 3);
-            let data: Vec<u8> = cmd.dwords.iter().skip(3).flat_map(|d| d.to_le_bytes()).collect();
+            let data: Vec<u8> = cmd
+                .dwords
+                .iter()
+                .skip(3)
+                .flat_map(|d| d.to_le_bytes())
+                .collect();
             ctx.write(space, addr, &data)?;
             Ok(Outcome::Executed)
         }
@@ -207,14 +231,22 @@ fn run_mi(
             if op == 0 {
                 return Ok(Outcome::Executed);
             }
-            let space = if dw(cmd, 1) & (1 << 2) != 0 { Space::Ggtt } else { Space::Ppgtt };
+            let space = if dw(cmd, 1) & (1 << 2) != 0 {
+                Space::Ggtt
+            } else {
+                Space::Ppgtt
+            };
             let addr = addr48(dw(cmd, 1), dw(cmd, 2), 7);
             let value = if op == 1 {
                 u64::from(dw(cmd, 3)) | (u64::from(dw(cmd, 4)) << 32)
             } else {
                 clock
             };
-            let len = if op == 1 && cmd.dwords.len() < 5 { 4 } else { 8 };
+            let len = if op == 1 && cmd.dwords.len() < 5 {
+                4
+            } else {
+                8
+            };
             ctx.write(space, addr, &value.to_le_bytes()[..len])?;
             Ok(Outcome::Executed)
         }
@@ -240,9 +272,17 @@ fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<
             let (x1, y1, x2, y2) = rect(dw(cmd, 2), dw(cmd, 3));
             let color = dw(cmd, 6).to_le_bytes();
             let row_bytes = u64::from(x2.saturating_sub(x1)) * u64::from(bpp);
-            let row: Vec<u8> = (0..row_bytes).map(|i| color[(i % u64::from(bpp)) as usize]).collect();
+            let row: Vec<u8> = (0..row_bytes)
+                .map(|i| color[(i % u64::from(bpp)) as usize])
+                .collect();
             for y in y1..y2 {
-                put_row(ctx, &dst, u64::from(x1) * u64::from(bpp), u64::from(y), &row)?;
+                put_row(
+                    ctx,
+                    &dst,
+                    u64::from(x1) * u64::from(bpp),
+                    u64::from(y),
+                    &row,
+                )?;
             }
             Ok(Outcome::Executed)
         }
@@ -305,23 +345,39 @@ fn rect(tl: u32, br: u32) -> (u32, u32, u32, u32) {
     (tl & 0xffff, tl >> 16, br & 0xffff, br >> 16)
 }
 
-fn put_row(ctx: &mut Ctx<'_>, s: &Surface, x_bytes: u64, y: u64, row: &[u8]) -> Result<(), GttError> {
+fn put_row(
+    ctx: &mut Ctx<'_>,
+    s: &Surface,
+    x_bytes: u64,
+    y: u64,
+    row: &[u8],
+) -> Result<(), GttError> {
     let mut done = 0u64;
     while done < row.len() as u64 {
-        let (addr, n) =
-            s.span(x_bytes + done, y, row.len() as u64 - done).ok_or(GttError::OutOfSlice(s.base))?;
+        let (addr, n) = s
+            .span(x_bytes + done, y, row.len() as u64 - done)
+            .ok_or(GttError::OutOfSlice(s.base))?;
         ctx.write(s.space, addr, &row[done as usize..(done + n) as usize])?;
         done += n;
     }
     Ok(())
 }
 
-fn get_row(ctx: &Ctx<'_>, s: &Surface, x_bytes: u64, y: u64, row: &mut [u8]) -> Result<(), GttError> {
+fn get_row(
+    ctx: &Ctx<'_>,
+    s: &Surface,
+    x_bytes: u64,
+    y: u64,
+    row: &mut [u8],
+) -> Result<(), GttError> {
     let mut done = 0u64;
     let len = row.len() as u64;
     while done < len {
-        let (addr, n) = s.span(x_bytes + done, y, len - done).ok_or(GttError::OutOfSlice(s.base))?;
-        ctx.view.read(s.space, addr, &mut row[done as usize..(done + n) as usize])?;
+        let (addr, n) = s
+            .span(x_bytes + done, y, len - done)
+            .ok_or(GttError::OutOfSlice(s.base))?;
+        ctx.view
+            .read(s.space, addr, &mut row[done as usize..(done + n) as usize])?;
         done += n;
     }
     Ok(())
@@ -345,12 +401,22 @@ fn copy_rect(
 }
 
 /// Fills `height` rows of `row_bytes` at `pitch` with a repeating 4-byte pattern.
-fn fill_linear(ctx: &mut Ctx<'_>, space: Space, base: u64, pitch: u64, row_bytes: u64, height: u64, pat: [u8; 4]) -> Result<(), GttError> {
+fn fill_linear(
+    ctx: &mut Ctx<'_>,
+    space: Space,
+    base: u64,
+    pitch: u64,
+    row_bytes: u64,
+    height: u64,
+    pat: [u8; 4],
+) -> Result<(), GttError> {
     let row: Vec<u8> = (0..row_bytes).map(|i| pat[(i % 4) as usize]).collect();
     if pitch == row_bytes {
         // Contiguous: write in large chunks.
         let total = row_bytes * height;
-        let chunk: Vec<u8> = (0..(64 * 1024).min(total)).map(|i| pat[(i % 4) as usize]).collect();
+        let chunk: Vec<u8> = (0..(64 * 1024).min(total))
+            .map(|i| pat[(i % 4) as usize])
+            .collect();
         let mut done = 0u64;
         while done < total {
             let n = (total - done).min(chunk.len() as u64);
@@ -380,7 +446,11 @@ fn run_3d(
             if op == 0 {
                 return Ok(Outcome::Executed);
             }
-            let sp = if dw(cmd, 1) & (1 << 24) != 0 { Space::Ggtt } else { Space::Ppgtt };
+            let sp = if dw(cmd, 1) & (1 << 24) != 0 {
+                Space::Ggtt
+            } else {
+                Space::Ppgtt
+            };
             let addr = addr48(dw(cmd, 2), dw(cmd, 3), 7);
             let value = match op {
                 1 => u64::from(dw(cmd, 4)) | (u64::from(dw(cmd, 5)) << 32),
@@ -418,23 +488,44 @@ fn run_3d(
         "3DPRIMITIVE" | "GPGPU_WALKER" => {
             // 3DPRIMITIVE / GPGPU_WALKER: the bound surface (binding table entry 0) is rewritten
             // with a colour derived from the command; a draw also rewrites the depth buffer.
-            let seed = cmd.dwords.iter().fold(0x811c_9dc5u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
+            let seed = cmd
+                .dwords
+                .iter()
+                .fold(0x811c_9dc5u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
             if let (Some(base), Some(bt)) = (pipe.surface_base, pipe.binding_table) {
                 let entry = ctx.view.read_u32(space, base + u64::from(bt))?;
                 let ss = base + u64::from(entry & !0x3f);
                 let mut s = [0u8; 64];
                 ctx.view.read(space, ss, &mut s)?;
-                let rd = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+                let rd = |i: usize| {
+                    u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]])
+                };
                 let width = u64::from(rd(2) & 0x3fff) + 1;
                 let height = u64::from((rd(2) >> 16) & 0x3fff) + 1;
                 let pitch = u64::from(rd(3) & 0x3ffff) + 1;
                 let addr = addr48(rd(8), rd(9), 0);
-                fill_linear(ctx, space, addr, pitch, width * 4, height, seed.to_le_bytes())?;
+                fill_linear(
+                    ctx,
+                    space,
+                    addr,
+                    pitch,
+                    width * 4,
+                    height,
+                    seed.to_le_bytes(),
+                )?;
             }
             if name == "3DPRIMITIVE" {
                 if let Some((addr, pitch, w, h)) = pipe.depth {
                     let v = pipe.depth_clear ^ (seed & 0xff);
-                    fill_linear(ctx, space, addr, pitch, u64::from(w) * 4, u64::from(h), v.to_le_bytes())?;
+                    fill_linear(
+                        ctx,
+                        space,
+                        addr,
+                        pitch,
+                        u64::from(w) * 4,
+                        u64::from(h),
+                        v.to_le_bytes(),
+                    )?;
                 }
             }
             Ok(Outcome::Executed)
@@ -459,9 +550,20 @@ fn run_3d(
             // MFD_AVC_BSD_OBJECT: decode one picture into the NV12 destination:
             // luma (height rows) then interleaved chroma (height / 2 rows).
             if let Some((addr, pitch, w, h)) = pipe.media_out.filter(|m| m.0 != 0) {
-                let seed = cmd.dwords.iter().fold(0x9e37_79b9u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
+                let seed = cmd
+                    .dwords
+                    .iter()
+                    .fold(0x9e37_79b9u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
                 let rows = u64::from(h) + u64::from(h) / 2;
-                fill_linear(ctx, space, addr, pitch, u64::from(w), rows, seed.to_le_bytes())?;
+                fill_linear(
+                    ctx,
+                    space,
+                    addr,
+                    pitch,
+                    u64::from(w),
+                    rows,
+                    seed.to_le_bytes(),
+                )?;
             }
             Ok(Outcome::Executed)
         }

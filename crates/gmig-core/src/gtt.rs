@@ -14,14 +14,13 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use gmig_cmdparser::{GgttOffset, VgpuSlices};
 
-/// The address space a GPU access goes through (the parser's).
-pub use gmig_cmdparser::AddressSpace as Space;
 use crate::gm::{Gfn, PAGE_SIZE};
 use crate::mmio::{GTT_PTE_PRESENT, PTE_ADDR_MASK};
+/// The address space a GPU access goes through (the parser's).
+pub use gmig_cmdparser::AddressSpace as Space;
 
 /// Guest RAM as a `vm-memory` mmap, shareable with a KVM VMM.
 pub type GuestRam = GuestMemoryMmap<()>;
-
 
 /// A failed GPU memory access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -95,13 +94,23 @@ impl Ggtt {
     /// The entry mapping GGTT offset `off` when the slices sit at `slices`.
     pub fn entry(&self, slices: &VgpuSlices, off: GgttOffset) -> Option<u64> {
         let (hidden, i) = self.slot(slices, off)?;
-        if hidden { self.hidden.get(i).copied() } else { self.aperture.get(i).copied() }
+        if hidden {
+            self.hidden.get(i).copied()
+        } else {
+            self.aperture.get(i).copied()
+        }
     }
 
     /// Sets the entry for `off`; `false` when `off` is outside `slices`.
     pub fn set_entry(&mut self, slices: &VgpuSlices, off: GgttOffset, pte: u64) -> bool {
-        let Some((hidden, i)) = self.slot(slices, off) else { return false };
-        let table = if hidden { &mut self.hidden } else { &mut self.aperture };
+        let Some((hidden, i)) = self.slot(slices, off) else {
+            return false;
+        };
+        let table = if hidden {
+            &mut self.hidden
+        } else {
+            &mut self.aperture
+        };
         match table.get_mut(i) {
             Some(e) => {
                 *e = pte;
@@ -132,7 +141,11 @@ impl Ggtt {
     /// Sparse form for checkpoints.
     pub fn save(&self) -> GgttState {
         let sparse = |t: &[u64]| -> Vec<(u32, u64)> {
-            t.iter().enumerate().filter(|(_, e)| **e != 0).map(|(i, e)| (i as u32, *e)).collect()
+            t.iter()
+                .enumerate()
+                .filter(|(_, e)| **e != 0)
+                .map(|(i, e)| (i as u32, *e))
+                .collect()
         };
         GgttState {
             aperture_pages: self.aperture.len() as u32,
@@ -145,7 +158,9 @@ impl Ggtt {
     /// Rebuilds a table for slices of these sizes; `None` when the state does not fit them.
     pub fn load(slices: &VgpuSlices, state: &GgttState) -> Option<Ggtt> {
         let mut g = Ggtt::new(slices);
-        if g.aperture.len() != state.aperture_pages as usize || g.hidden.len() != state.hidden_pages as usize {
+        if g.aperture.len() != state.aperture_pages as usize
+            || g.hidden.len() != state.hidden_pages as usize
+        {
             return None;
         }
         for &(i, e) in &state.aperture {
@@ -164,8 +179,9 @@ pub fn ppgtt_translate(mem: &GuestRam, pml4: u64, addr: u64) -> Result<GuestAddr
     for level in (1..=4u8).rev() {
         let shift = 12 + 9 * (u32::from(level) - 1);
         let idx = (addr >> shift) & 0x1ff;
-        let pte: u64 =
-            mem.read_obj(GuestAddress(table + idx * 8)).map_err(|_| GttError::NoRam(table + idx * 8))?;
+        let pte: u64 = mem
+            .read_obj(GuestAddress(table + idx * 8))
+            .map_err(|_| GttError::NoRam(table + idx * 8))?;
         if pte & 1 == 0 {
             return Err(GttError::PpgttNotPresent { addr, level });
         }
@@ -219,7 +235,9 @@ impl GpuView<'_> {
     pub fn translate(&self, space: Space, addr: u64) -> Result<GuestAddress> {
         match space {
             Space::Ggtt => self.ggtt.translate(&self.slices, GgttOffset(addr)),
-            Space::Ppgtt => ppgtt_translate(self.mem, self.pml4.ok_or(GttError::NoPpgtt(addr))?, addr),
+            Space::Ppgtt => {
+                ppgtt_translate(self.mem, self.pml4.ok_or(GttError::NoPpgtt(addr))?, addr)
+            }
         }
     }
 
@@ -227,11 +245,15 @@ impl GpuView<'_> {
     pub fn read(&self, space: Space, addr: u64, out: &mut [u8]) -> Result<()> {
         let mut done = 0usize;
         while done < out.len() {
-            let a = addr.checked_add(done as u64).ok_or(GttError::OutOfSlice(addr))?;
+            let a = addr
+                .checked_add(done as u64)
+                .ok_or(GttError::OutOfSlice(addr))?;
             let in_page = (PAGE_SIZE - a % PAGE_SIZE) as usize;
             let n = in_page.min(out.len() - done);
             let gpa = self.translate(space, a)?;
-            self.mem.read_slice(&mut out[done..done + n], gpa).map_err(|_| GttError::NoRam(gpa.0))?;
+            self.mem
+                .read_slice(&mut out[done..done + n], gpa)
+                .map_err(|_| GttError::NoRam(gpa.0))?;
             done += n;
         }
         Ok(())
@@ -241,11 +263,15 @@ impl GpuView<'_> {
     pub fn write(&self, space: Space, addr: u64, data: &[u8], pages: &mut Vec<Gfn>) -> Result<()> {
         let mut done = 0usize;
         while done < data.len() {
-            let a = addr.checked_add(done as u64).ok_or(GttError::OutOfSlice(addr))?;
+            let a = addr
+                .checked_add(done as u64)
+                .ok_or(GttError::OutOfSlice(addr))?;
             let in_page = (PAGE_SIZE - a % PAGE_SIZE) as usize;
             let n = in_page.min(data.len() - done);
             let gpa = self.translate(space, a)?;
-            self.mem.write_slice(&data[done..done + n], gpa).map_err(|_| GttError::NoRam(gpa.0))?;
+            self.mem
+                .write_slice(&data[done..done + n], gpa)
+                .map_err(|_| GttError::NoRam(gpa.0))?;
             pages.push(Gfn::containing(gpa));
             done += n;
         }
@@ -261,7 +287,9 @@ impl GpuView<'_> {
 }
 
 /// Creates zeroed guest RAM of `size` bytes at guest-physical 0.
-pub fn new_guest_ram(size: usize) -> std::result::Result<GuestRam, vm_memory::mmap::FromRangesError> {
+pub fn new_guest_ram(
+    size: usize,
+) -> std::result::Result<GuestRam, vm_memory::mmap::FromRangesError> {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size)])
 }
 
@@ -283,10 +311,23 @@ mod tests {
         let mut g = Ggtt::new(&guest);
         assert!(g.set_entry(&guest, GgttOffset(1024 * MIB + 8192), 0x5000 | 1));
         assert!(!g.set_entry(&guest, GgttOffset(0), 1));
-        assert_eq!(g.translate(&host, GgttOffset(2048 * MIB + 8192 + 12)).unwrap(), GuestAddress(0x500c));
-        assert_eq!(g.translate(&guest, GgttOffset(1024 * MIB + 8192)).unwrap(), GuestAddress(0x5000));
-        assert_eq!(g.translate(&host, GgttOffset(1024 * MIB + 8192)), Err(GttError::OutOfSlice(1024 * MIB + 8192)));
-        assert!(matches!(g.translate(&host, GgttOffset(2048 * MIB)), Err(GttError::GgttNotPresent(_))));
+        assert_eq!(
+            g.translate(&host, GgttOffset(2048 * MIB + 8192 + 12))
+                .unwrap(),
+            GuestAddress(0x500c)
+        );
+        assert_eq!(
+            g.translate(&guest, GgttOffset(1024 * MIB + 8192)).unwrap(),
+            GuestAddress(0x5000)
+        );
+        assert_eq!(
+            g.translate(&host, GgttOffset(1024 * MIB + 8192)),
+            Err(GttError::OutOfSlice(1024 * MIB + 8192))
+        );
+        assert!(matches!(
+            g.translate(&host, GgttOffset(2048 * MIB)),
+            Err(GttError::GgttNotPresent(_))
+        ));
         let s = g.save();
         assert_eq!(s.hidden, vec![(2, 0x5001)]);
         assert_eq!(Ggtt::load(&host, &s).unwrap(), g);
@@ -301,13 +342,22 @@ mod tests {
         mem.write_obj(0x3001u64, GuestAddress(0x2000 + 16)).unwrap();
         mem.write_obj(0x4001u64, GuestAddress(0x3000 + 24)).unwrap();
         mem.write_obj(0x9001u64, GuestAddress(0x4000 + 32)).unwrap();
-        assert_eq!(ppgtt_translate(&mem, 0x1000, va + 5).unwrap(), GuestAddress(0x9005));
+        assert_eq!(
+            ppgtt_translate(&mem, 0x1000, va + 5).unwrap(),
+            GuestAddress(0x9005)
+        );
         assert_eq!(
             ppgtt_translate(&mem, 0x1000, va + 4096),
-            Err(GttError::PpgttNotPresent { addr: va + 4096, level: 1 })
+            Err(GttError::PpgttNotPresent {
+                addr: va + 4096,
+                level: 1
+            })
         );
         let mut set = BTreeSet::new();
         ppgtt_frames(&mem, 0x1000, &mut set);
-        assert_eq!(set.into_iter().map(|g| g.0).collect::<Vec<_>>(), vec![1, 2, 3, 4, 9]);
+        assert_eq!(
+            set.into_iter().map(|g| g.0).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 9]
+        );
     }
 }

@@ -141,7 +141,12 @@ pub enum EngineId {
 
 impl EngineId {
     /// Every engine.
-    pub const ALL: [EngineId; 4] = [EngineId::Render, EngineId::Blitter, EngineId::Video, EngineId::VideoEnhance];
+    pub const ALL: [EngineId; 4] = [
+        EngineId::Render,
+        EngineId::Blitter,
+        EngineId::Video,
+        EngineId::VideoEnhance,
+    ];
 
     /// Index 0..4.
     pub fn index(self) -> usize {

@@ -3,17 +3,21 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit, decode_one, remap_in_place, walk, AddressSpace, BatchContext, Budget, Engine, GgttOffset, GpuMemory,
-    MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
+    audit, decode_one, remap_in_place, walk, AddressSpace, BatchContext, Budget, Engine,
+    GgttOffset, GpuMemory, MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
 use crate::gtt::GpuView;
 use crate::mmio::{desc, lrc, EngineId};
-use crate::vgpu::{FaultKind, ShadowCommand, Vgpu, WriteLog, Workload};
+use crate::vgpu::{FaultKind, ShadowCommand, Vgpu, Workload, WriteLog};
 
 /// Limits on one submission's walk (a self-looping batch runs into them and is refused).
-pub const WALK_BUDGET: Budget = Budget { max_commands: 1 << 16, max_batch_bytes: 16 << 20, max_batches: 256 };
+pub const WALK_BUDGET: Budget = Budget {
+    max_commands: 1 << 16,
+    max_batch_bytes: 16 << 20,
+    max_batches: 256,
+};
 
 /// The parser's engine for one of ours.
 pub fn parser_engine(e: EngineId) -> Engine {
@@ -47,10 +51,18 @@ pub(crate) fn shadow_workload(
     let guest = vgpu.guest_view();
     let lrca = d & desc::LRCA_MASK;
     if !guest.contains(lrca, lrc::CONTEXT_PAGES * PAGE_SIZE) {
-        return Err((FaultKind::Audit, format!("context image at {lrca:#x} is outside the vGPU's slices")));
+        return Err((
+            FaultKind::Audit,
+            format!("context image at {lrca:#x} is outside the vGPU's slices"),
+        ));
     }
     let view0 = vgpu.guest_gpu_view(None);
-    let rd = |i| ctx_state(&view0, lrca, i).ok_or((FaultKind::Context, format!("context image at {lrca:#x} unreadable")));
+    let rd = |i| {
+        ctx_state(&view0, lrca, i).ok_or((
+            FaultKind::Context,
+            format!("context image at {lrca:#x} unreadable"),
+        ))
+    };
     let head = match vgpu.ctx_heads.get(&lrca) {
         Some(h) => *h,
         None => rd(lrc::RING_HEAD)? & 0x001f_fffc,
@@ -64,9 +76,17 @@ pub(crate) fn shadow_workload(
         None
     };
     let size = u64::from((ctl >> 12) & 0x1ff) + 1;
-    let ring = RingSpan { start: GgttOffset(u64::from(start)), size: size * PAGE_SIZE, head: u64::from(head), tail: u64::from(tail) };
+    let ring = RingSpan {
+        start: GgttOffset(u64::from(start)),
+        size: size * PAGE_SIZE,
+        head: u64::from(head),
+        tail: u64::from(tail),
+    };
     if !guest.contains(ring.start.0, ring.size) {
-        return Err((FaultKind::Audit, format!("ring at {start:#x} is outside the vGPU's slices")));
+        return Err((
+            FaultKind::Audit,
+            format!("ring at {start:#x} is outside the vGPU's slices"),
+        ));
     }
     let gen = vgpu.config().gen;
     let pe = parser_engine(engine);
@@ -76,26 +96,56 @@ pub(crate) fn shadow_workload(
     let mut commands = Vec::new();
     let mut visit = |w: &gmig_cmdparser::WalkedCommand<'_>| -> Result<(), WalkError> {
         if w.space == AddressSpace::Ggtt && !guest.contains(w.addr, 4) {
-            return Err(WalkError::Rejected { space: w.space, addr: w.addr, reason: "command outside the vGPU's slices" });
+            return Err(WalkError::Rejected {
+                space: w.space,
+                addr: w.addr,
+                reason: "command outside the vGPU's slices",
+            });
         }
-        audit(&w.cmd, &w.ctx, &guest).map_err(|err| WalkError::Audit { space: w.space, addr: w.addr, err })?;
+        audit(&w.cmd, &w.ctx, &guest).map_err(|err| WalkError::Audit {
+            space: w.space,
+            addr: w.addr,
+            err,
+        })?;
         let mut dwords = w.cmd.dwords.to_vec();
         if moving {
-            remap_in_place(gen, pe, &mut dwords, &w.ctx, &mv)
-                .map_err(|err| WalkError::Remap { space: w.space, addr: w.addr, err })?;
+            remap_in_place(gen, pe, &mut dwords, &w.ctx, &mv).map_err(|err| WalkError::Remap {
+                space: w.space,
+                addr: w.addr,
+                err,
+            })?;
         }
-        commands.push(ShadowCommand { ctx: w.ctx, space: w.ctx.implicit_space(), guest_addr: w.addr, dwords });
+        commands.push(ShadowCommand {
+            ctx: w.ctx,
+            space: w.ctx.implicit_space(),
+            guest_addr: w.addr,
+            dwords,
+        });
         Ok(())
     };
     walk(gen, pe, &view, ring, WALK_BUDGET, &mut visit).map_err(|e| {
         let kind = match e {
-            WalkError::Audit { .. } | WalkError::Rejected { .. } | WalkError::Remap { .. } => FaultKind::Audit,
+            WalkError::Audit { .. } | WalkError::Rejected { .. } | WalkError::Remap { .. } => {
+                FaultKind::Audit
+            }
             _ => FaultKind::Walk,
         };
         (kind, e.to_string())
     })?;
-    let lrca_host = if vgpu.remap { mv.rebase(GgttOffset(lrca)).unwrap_or(GgttOffset(lrca)) } else { GgttOffset(lrca) };
-    Ok(Workload { seq, engine, desc: d, lrca: lrca_host, ring_tail: tail, pml4, commands })
+    let lrca_host = if vgpu.remap {
+        mv.rebase(GgttOffset(lrca)).unwrap_or(GgttOffset(lrca))
+    } else {
+        GgttOffset(lrca)
+    };
+    Ok(Workload {
+        seq,
+        engine,
+        desc: d,
+        lrca: lrca_host,
+        ring_tail: tail,
+        pml4,
+        commands,
+    })
 }
 
 /// Rebases the GGTT addresses in one shadowed command (checkpoint restore onto other slices).
@@ -105,7 +155,9 @@ pub(crate) fn remap_command(
     cmd: &mut ShadowCommand,
     mv: &SliceMove,
 ) -> Result<(), String> {
-    remap_in_place(gen, parser_engine(engine), &mut cmd.dwords, &cmd.ctx, mv).map(|_| ()).map_err(|e| e.to_string())
+    remap_in_place(gen, parser_engine(engine), &mut cmd.dwords, &cmd.ctx, mv)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// Adds one executing command's write set (pages through the host view) to `log`; returns the

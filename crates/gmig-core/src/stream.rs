@@ -297,16 +297,8 @@ pub enum StreamError {
 /// Result of stream operations.
 pub type Result<T> = std::result::Result<T, StreamError>;
 
-/// A guest frame number: a guest-physical address divided by [`PAGE_SIZE`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Gfn(pub u64);
-
-impl Gfn {
-    /// The guest-physical byte address of the frame's first byte, if it fits in 64 bits.
-    pub fn checked_addr(self) -> Option<u64> {
-        self.0.checked_mul(PAGE_SIZE as u64)
-    }
-}
+/// Guest frame numbers, as everywhere in gmig-core.
+pub use crate::gm::Gfn;
 
 /// GPU generation of the vGPU a stream carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

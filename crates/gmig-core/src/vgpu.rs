@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 
-use gmig_cmdparser::{BatchContext, Gen, GgttOffset, SliceMove, VgpuSlices};
 use crate::gm::{Gfn, VgpuType, PAGE_SIZE};
 use crate::gtt::{ppgtt_frames, Ggtt, GpuView, GttError, GuestRam, Space};
 use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
+use gmig_cmdparser::{BatchContext, Gen, GgttOffset, SliceMove, VgpuSlices};
 
 /// Errors of the vGPU device model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,7 +65,12 @@ pub struct VgpuConfig {
 impl VgpuConfig {
     /// A GEN9 vGPU of type `ty` with four fences.
     pub fn new(ty: VgpuType, vgt_id: u32) -> VgpuConfig {
-        VgpuConfig { gen: Gen::Gen9, ty, fence_num: 4, vgt_id }
+        VgpuConfig {
+            gen: Gen::Gen9,
+            ty,
+            fence_num: 4,
+            vgt_id,
+        }
     }
 }
 
@@ -231,7 +236,9 @@ pub struct Vgpu {
 impl Vgpu {
     /// A fresh vGPU living in `slices` (which the guest will also see), on guest RAM `mem`.
     pub fn new(cfg: VgpuConfig, slices: VgpuSlices, mem: GuestRam) -> Result<Vgpu> {
-        if slices.aperture.size != cfg.ty.aperture_size() || slices.hidden.size != cfg.ty.hidden_size() {
+        if slices.aperture.size != cfg.ty.aperture_size()
+            || slices.hidden.size != cfg.ty.hidden_size()
+        {
             return Err(VgpuError::SliceMismatch(cfg.ty.name()));
         }
         Ok(Vgpu {
@@ -302,18 +309,31 @@ impl Vgpu {
 
     /// The move from guest-view GGTT offsets to host ones.
     pub(crate) fn guest_to_host(&self) -> SliceMove {
-        SliceMove { from: self.guest_view, to: self.host }
+        SliceMove {
+            from: self.guest_view,
+            to: self.host,
+        }
     }
 
     /// The GPU's view of memory (host slices), with the given PPGTT root.
     pub fn host_view(&self, pml4: Option<u64>) -> GpuView<'_> {
-        GpuView { ggtt: &self.ggtt, slices: self.host, mem: &self.mem, pml4 }
+        GpuView {
+            ggtt: &self.ggtt,
+            slices: self.host,
+            mem: &self.mem,
+            pml4,
+        }
     }
 
     /// The guest's view of graphics memory (its own GGTT offsets), as the driver and the command
     /// walk before shadowing see it.
     pub fn guest_gpu_view(&self, pml4: Option<u64>) -> GpuView<'_> {
-        GpuView { ggtt: &self.ggtt, slices: self.guest_view, mem: &self.mem, pml4 }
+        GpuView {
+            ggtt: &self.ggtt,
+            slices: self.guest_view,
+            mem: &self.mem,
+            pml4,
+        }
     }
 
     // ---- MMIO ----
@@ -325,9 +345,14 @@ impl Vgpu {
         }
         if offset >= mmio::GTT_MMIO_BASE {
             let entry = self.gtt_mmio_entry(offset & !7);
-            return Ok(if offset % 8 == 0 { entry as u32 } else { (entry >> 32) as u32 });
+            return Ok(if offset % 8 == 0 {
+                entry as u32
+            } else {
+                (entry >> 32) as u32
+            });
         }
-        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset) {
+        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
+        {
             return Ok(self.pvinfo_read(offset - mmio::VGT_PVINFO_PAGE));
         }
         Ok(self.vregs.get(&offset).copied().unwrap_or(0))
@@ -336,13 +361,19 @@ impl Vgpu {
     /// A 64-bit MMIO read (GGTT entries, the magic).
     pub fn mmio_read64(&self, offset: u32) -> Result<u64> {
         let lo = self.mmio_read32(offset)?;
-        let hi = self.mmio_read32(offset.checked_add(4).ok_or(VgpuError::BadMmio { offset, len: 8 })?)?;
+        let hi = self.mmio_read32(
+            offset
+                .checked_add(4)
+                .ok_or(VgpuError::BadMmio { offset, len: 8 })?,
+        )?;
         Ok(u64::from(lo) | (u64::from(hi) << 32))
     }
 
     fn gtt_mmio_entry(&self, offset: u32) -> u64 {
         let page = u64::from(offset - mmio::GTT_MMIO_BASE) / 8;
-        self.ggtt.entry(&self.guest_view, GgttOffset(page * PAGE_SIZE)).unwrap_or(0)
+        self.ggtt
+            .entry(&self.guest_view, GgttOffset(page * PAGE_SIZE))
+            .unwrap_or(0)
     }
 
     fn pvinfo_read(&self, rel: u32) -> u32 {
@@ -350,7 +381,9 @@ impl Vgpu {
         match rel {
             pvinfo::MAGIC => mmio::VGT_MAGIC as u32,
             0x04 => (mmio::VGT_MAGIC >> 32) as u32,
-            pvinfo::VERSION_MAJOR => u32::from(mmio::VGT_VERSION_MAJOR) | (u32::from(mmio::VGT_VERSION_MINOR) << 16),
+            pvinfo::VERSION_MAJOR => {
+                u32::from(mmio::VGT_VERSION_MAJOR) | (u32::from(mmio::VGT_VERSION_MINOR) << 16)
+            }
             pvinfo::VGT_ID => self.cfg.vgt_id,
             pvinfo::VGT_CAPS => mmio::VGT_CAPS_FULL_PPGTT | mmio::VGT_CAPS_HWSP_EMULATION,
             pvinfo::APERTURE_BASE => g.aperture.base.0 as u32,
@@ -358,14 +391,23 @@ impl Vgpu {
             pvinfo::HIDDEN_BASE => g.hidden.base.0 as u32,
             pvinfo::HIDDEN_SIZE => g.hidden.size as u32,
             pvinfo::FENCE_NUM => self.cfg.fence_num,
-            _ => self.vregs.get(&(mmio::VGT_PVINFO_PAGE + rel)).copied().unwrap_or(0),
+            _ => self
+                .vregs
+                .get(&(mmio::VGT_PVINFO_PAGE + rel))
+                .copied()
+                .unwrap_or(0),
         }
     }
 
     /// A 64-bit MMIO write (GGTT entries).
     pub fn mmio_write64(&mut self, offset: u32, value: u64) -> Result<()> {
         self.mmio_write32(offset, value as u32)?;
-        self.mmio_write32(offset.checked_add(4).ok_or(VgpuError::BadMmio { offset, len: 8 })?, (value >> 32) as u32)
+        self.mmio_write32(
+            offset
+                .checked_add(4)
+                .ok_or(VgpuError::BadMmio { offset, len: 8 })?,
+            (value >> 32) as u32,
+        )
     }
 
     /// A 32-bit MMIO write by the guest.
@@ -383,10 +425,13 @@ impl Vgpu {
             };
             let page = u64::from(entry_off - mmio::GTT_MMIO_BASE) / 8;
             // Outside the balloon: ignored, as GVT-g does.
-            let _ = self.ggtt.set_entry(&self.guest_view, GgttOffset(page * PAGE_SIZE), new);
+            let _ = self
+                .ggtt
+                .set_entry(&self.guest_view, GgttOffset(page * PAGE_SIZE), new);
             return Ok(());
         }
-        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset) {
+        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
+        {
             let rel = offset - mmio::VGT_PVINFO_PAGE;
             if rel >= pvinfo::DISPLAY_READY {
                 self.vregs.insert(offset, value);
@@ -459,7 +504,12 @@ impl Vgpu {
             }
             Err((kind, reason)) => {
                 let ctx_id = (d >> desc::CTX_ID_SHIFT) as u32;
-                self.report_fault(GpuFault { engine, ctx_id, kind, reason });
+                self.report_fault(GpuFault {
+                    engine,
+                    ctx_id,
+                    kind,
+                    reason,
+                });
                 // The refused context is completed (its ring consumed) so the guest can go on.
                 let lrca = self.guest_to_host().rebase(GgttOffset(lrca_guest));
                 let tail = self.read_ctx_state(lrca, lrc::RING_TAIL);
@@ -488,9 +538,13 @@ impl Vgpu {
     }
 
     pub(crate) fn write_ctx_state(&mut self, lrca: GgttOffset, index: usize, value: u32) {
-        let Some(addr) = lrca.0.checked_add(lrc::STATE_OFFSET + 4 * index as u64) else { return };
+        let Some(addr) = lrca.0.checked_add(lrc::STATE_OFFSET + 4 * index as u64) else {
+            return;
+        };
         let mut pages = Vec::new();
-        let _ = self.host_view(None).write(Space::Ggtt, addr, &value.to_le_bytes(), &mut pages);
+        let _ = self
+            .host_view(None)
+            .write(Space::Ggtt, addr, &value.to_le_bytes(), &mut pages);
     }
 
     /// Records a context-complete event in the CSB registers and the status page.
@@ -504,14 +558,25 @@ impl Vgpu {
         self.vregs.insert(base + ring::CSB + 8 * wp, status);
         self.vregs.insert(base + ring::CSB + 8 * wp + 4, ctx_id);
         self.vregs.insert(base + ring::CSB_PTR, wp);
-        self.vregs.insert(base + ring::EXECLIST_STATUS, (ctx_id & 0xffff) << 16 | 1 << 12);
-        if let Some(hws) = self.sregs.get(&(base + ring::HWS_PGA)).copied().filter(|h| *h != 0) {
+        self.vregs.insert(
+            base + ring::EXECLIST_STATUS,
+            (ctx_id & 0xffff) << 16 | 1 << 12,
+        );
+        if let Some(hws) = self
+            .sregs
+            .get(&(base + ring::HWS_PGA))
+            .copied()
+            .filter(|h| *h != 0)
+        {
             let addr = u64::from(hws & 0xffff_f000) + 4 * u64::from(mmio::HWS_CSB_INDEX + 2 * wp);
             let mut bytes = [0u8; 8];
             bytes[..4].copy_from_slice(&status.to_le_bytes());
             bytes[4..].copy_from_slice(&ctx_id.to_le_bytes());
             let mut pages = Vec::new();
-            if let Err(e) = self.host_view(None).write(Space::Ggtt, addr, &bytes, &mut pages) {
+            if let Err(e) = self
+                .host_view(None)
+                .write(Space::Ggtt, addr, &bytes, &mut pages)
+            {
                 self.report_fault(GpuFault {
                     engine,
                     ctx_id,
@@ -530,7 +595,9 @@ impl Vgpu {
     pub fn run(&mut self, max: usize) -> usize {
         let mut n = 0;
         while n < max {
-            let Some(w) = self.queue.pop_front() else { break };
+            let Some(w) = self.queue.pop_front() else {
+                break;
+            };
             crate::exec::execute(self, &w);
             n += 1;
         }
@@ -547,7 +614,10 @@ impl Vgpu {
     pub fn pause(&mut self, max_drain: usize) -> DrainReport {
         self.accepting = false;
         let executed = self.run(max_drain);
-        DrainReport { executed, queued: self.queue.len() }
+        DrainReport {
+            executed,
+            queued: self.queue.len(),
+        }
     }
 
     /// Accepts submissions again.
@@ -573,12 +643,21 @@ impl Vgpu {
 
     /// Reads guest RAM at a guest-physical address.
     pub fn read_ram(&self, addr: u64, out: &mut [u8]) -> Result<()> {
-        self.mem.read_slice(out, GuestAddress(addr)).map_err(|_| VgpuError::Ram(addr))
+        self.mem
+            .read_slice(out, GuestAddress(addr))
+            .map_err(|_| VgpuError::Ram(addr))
     }
 
     /// Translates a GPU address the way the hardware would now (host slices).
-    pub fn translate(&self, space: Space, addr: u64, pml4: Option<u64>) -> std::result::Result<Gfn, GttError> {
-        self.host_view(pml4).translate(space, addr).map(Gfn::containing)
+    pub fn translate(
+        &self,
+        space: Space,
+        addr: u64,
+        pml4: Option<u64>,
+    ) -> std::result::Result<Gfn, GttError> {
+        self.host_view(pml4)
+            .translate(space, addr)
+            .map(Gfn::containing)
     }
 }
 
@@ -610,13 +689,17 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
     let mut d = StateDiff::default();
     let keys: BTreeSet<u32> = a.vregs.keys().chain(b.vregs.keys()).copied().collect();
     for k in keys {
-        let (x, y) = (a.vregs.get(&k).copied().unwrap_or(0), b.vregs.get(&k).copied().unwrap_or(0));
+        let (x, y) = (
+            a.vregs.get(&k).copied().unwrap_or(0),
+            b.vregs.get(&k).copied().unwrap_or(0),
+        );
         if x != y {
             d.registers.push((k, x, y));
         }
     }
     if a.guest_view != b.guest_view {
-        d.registers.push((mmio::VGT_PVINFO_PAGE + pvinfo::APERTURE_BASE, 0, 0));
+        d.registers
+            .push((mmio::VGT_PVINFO_PAGE + pvinfo::APERTURE_BASE, 0, 0));
     }
     let pages = a.guest_view.aperture.size / PAGE_SIZE + a.guest_view.hidden.size / PAGE_SIZE;
     let (ga, gb) = (a.ggtt.save(), b.ggtt.save());
@@ -625,9 +708,12 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
             let off = if p < a.guest_view.aperture.size / PAGE_SIZE {
                 a.guest_view.aperture.base.0 + p * PAGE_SIZE
             } else {
-                a.guest_view.hidden.base.0 + (p - a.guest_view.aperture.size / PAGE_SIZE) * PAGE_SIZE
+                a.guest_view.hidden.base.0
+                    + (p - a.guest_view.aperture.size / PAGE_SIZE) * PAGE_SIZE
             };
-            if a.ggtt.entry(&a.guest_view, GgttOffset(off)) != b.ggtt.entry(&b.guest_view, GgttOffset(off)) {
+            if a.ggtt.entry(&a.guest_view, GgttOffset(off))
+                != b.ggtt.entry(&b.guest_view, GgttOffset(off))
+            {
                 d.ggtt_entries.push(off);
             }
         }

@@ -64,7 +64,13 @@ pub enum Profile {
 
 impl Profile {
     /// Every profile.
-    pub const ALL: [Profile; 5] = [Profile::Idle, Profile::Desktop, Profile::ThreeD, Profile::Video, Profile::Compute];
+    pub const ALL: [Profile; 5] = [
+        Profile::Idle,
+        Profile::Desktop,
+        Profile::ThreeD,
+        Profile::Video,
+        Profile::Compute,
+    ];
 
     /// Name as used on the command line.
     pub fn name(self) -> &'static str {
@@ -111,14 +117,24 @@ pub struct WorkloadConfig {
 
 impl Default for WorkloadConfig {
     fn default() -> Self {
-        WorkloadConfig { width: 1024, height: 768, windows: 6, compute_bytes: 8 << 20 }
+        WorkloadConfig {
+            width: 1024,
+            height: 768,
+            windows: 6,
+            compute_bytes: 8 << 20,
+        }
     }
 }
 
 impl WorkloadConfig {
     /// A small configuration for fast tests.
     pub fn small() -> Self {
-        WorkloadConfig { width: 256, height: 192, windows: 4, compute_bytes: 1 << 20 }
+        WorkloadConfig {
+            width: 256,
+            height: 192,
+            windows: 4,
+            compute_bytes: 1 << 20,
+        }
     }
 }
 
@@ -194,7 +210,12 @@ fn page_align(n: u64) -> u64 {
 impl GuestDriver {
     /// Boots the driver on `vgpu`: reads the PV info page, sets up contexts, rings, status pages,
     /// the PPGTT (for profiles that use it) and the profile's objects.
-    pub fn boot(vgpu: &mut Vgpu, profile: Profile, cfg: WorkloadConfig, seed: u64) -> Result<GuestDriver> {
+    pub fn boot(
+        vgpu: &mut Vgpu,
+        profile: Profile,
+        cfg: WorkloadConfig,
+        seed: u64,
+    ) -> Result<GuestDriver> {
         let magic = vgpu.mmio_read64(mmio::VGT_PVINFO_PAGE + pvinfo::MAGIC)?;
         let version = vgpu.mmio_read32(mmio::VGT_PVINFO_PAGE + pvinfo::VERSION_MAJOR)?;
         if magic != mmio::VGT_MAGIC || version & 0xffff != u32::from(mmio::VGT_VERSION_MAJOR) {
@@ -267,7 +288,10 @@ impl GuestDriver {
     fn alloc_ram(&mut self, size: u64) -> Result<u64> {
         let size = page_align(size);
         let gpa = self.ram_next;
-        let end = gpa.checked_add(size).filter(|e| *e <= self.ram_end).ok_or(WorkloadError::OutOfRam(size))?;
+        let end = gpa
+            .checked_add(size)
+            .filter(|e| *e <= self.ram_end)
+            .ok_or(WorkloadError::OutOfRam(size))?;
         self.ram_next = end;
         Ok(gpa)
     }
@@ -290,7 +314,12 @@ impl GuestDriver {
             let pte = (gpa + p * PAGE_SIZE) | mmio::GTT_PTE_PRESENT;
             vgpu.mmio_write64(mmio::GTT_MMIO_BASE + (entry * 8) as u32, pte)?;
         }
-        Ok(Obj { space: Space::Ggtt, gpu, gpa, size })
+        Ok(Obj {
+            space: Space::Ggtt,
+            gpu,
+            gpa,
+            size,
+        })
     }
 
     fn alloc_ppgtt(&mut self, vgpu: &Vgpu, size: u64) -> Result<Obj> {
@@ -301,7 +330,12 @@ impl GuestDriver {
         for p in 0..size / PAGE_SIZE {
             self.map_ppgtt_page(vgpu, gpu + p * PAGE_SIZE, gpa + p * PAGE_SIZE)?;
         }
-        Ok(Obj { space: Space::Ppgtt, gpu, gpa, size })
+        Ok(Obj {
+            space: Space::Ppgtt,
+            gpu,
+            gpa,
+            size,
+        })
     }
 
     fn map_ppgtt_page(&mut self, vgpu: &Vgpu, va: u64, gpa: u64) -> Result<()> {
@@ -326,7 +360,9 @@ impl GuestDriver {
     }
 
     fn cpu_write(&mut self, vgpu: &Vgpu, gpa: u64, data: &[u8]) -> Result<()> {
-        vgpu.guest_memory().write_slice(data, GuestAddress(gpa)).map_err(|_| WorkloadError::Ram(gpa))?;
+        vgpu.guest_memory()
+            .write_slice(data, GuestAddress(gpa))
+            .map_err(|_| WorkloadError::Ram(gpa))?;
         let first = gpa / PAGE_SIZE;
         let last = (gpa + data.len().max(1) as u64 - 1) / PAGE_SIZE;
         self.cpu_dirty.extend((first..=last).map(Gfn));
@@ -348,7 +384,11 @@ impl GuestDriver {
         let ppgtt = self.profile.uses_ppgtt();
         let mut batches = Vec::new();
         for _ in 0..4 {
-            batches.push(if ppgtt { self.alloc_ppgtt(vgpu, BATCH_BYTES)? } else { self.alloc_ggtt(vgpu, true, BATCH_BYTES)? });
+            batches.push(if ppgtt {
+                self.alloc_ppgtt(vgpu, BATCH_BYTES)?
+            } else {
+                self.alloc_ggtt(vgpu, true, BATCH_BYTES)?
+            });
         }
         // Register state page: LRI header and (register, value) pairs as the hardware lays it out.
         let base = engine.mmio_base();
@@ -362,17 +402,36 @@ impl GuestDriver {
         pair(lrc::RING_HEAD, ring::HEAD, 0);
         pair(lrc::RING_TAIL, ring::TAIL, 0);
         pair(lrc::RING_START, ring::START, ring_obj.gpu as u32);
-        pair(lrc::RING_CTL, ring::CTL, ((RING_PAGES as u32 - 1) << 12) | 1);
+        pair(
+            lrc::RING_CTL,
+            ring::CTL,
+            ((RING_PAGES as u32 - 1) << 12) | 1,
+        );
         let pml4 = self.pml4.unwrap_or(0);
         pair(lrc::PDP0_UDW, 0x274, (pml4 >> 32) as u32);
         pair(lrc::PDP0_LDW, 0x270, pml4 as u32);
         self.cpu_write_dwords(vgpu, image.gpa + lrc::STATE_OFFSET, &state)?;
-        self.ctxs.push(Ctx { engine, image, ring: ring_obj, hws, tail: 0, ctx_id, ppgtt, batches, next_batch: 0, seqno: 0 });
+        self.ctxs.push(Ctx {
+            engine,
+            image,
+            ring: ring_obj,
+            hws,
+            tail: 0,
+            ctx_id,
+            ppgtt,
+            batches,
+            next_batch: 0,
+            seqno: 0,
+        });
         Ok(())
     }
 
     fn new_obj(&mut self, vgpu: &mut Vgpu, name: &str, hidden: bool, size: u64) -> Result<Obj> {
-        let o = if self.profile.uses_ppgtt() { self.alloc_ppgtt(vgpu, size)? } else { self.alloc_ggtt(vgpu, hidden, size)? };
+        let o = if self.profile.uses_ppgtt() {
+            self.alloc_ppgtt(vgpu, size)?
+        } else {
+            self.alloc_ggtt(vgpu, hidden, size)?
+        };
         self.objs.insert(name.to_string(), o);
         Ok(o)
     }
@@ -385,7 +444,8 @@ impl GuestDriver {
         vgpu.mmio_write32(mmio::PLANE_SURF[0], fb0.gpu as u32)?;
         vgpu.mmio_write32(mmio::PLANE_STRIDE[0], (w * 4 / 64) as u32)?;
         let fence_lo = (fb0.gpu as u32 & 0xffff_f000) | 1;
-        let fence_hi = ((fb0.gpu + fb0.size - PAGE_SIZE) as u32 & 0xffff_f000) | ((w * 4 / 128).max(1) as u32 - 1);
+        let fence_hi = ((fb0.gpu + fb0.size - PAGE_SIZE) as u32 & 0xffff_f000)
+            | ((w * 4 / 128).max(1) as u32 - 1);
         vgpu.mmio_write32(mmio::FENCE_REG_BASE, fence_lo)?;
         vgpu.mmio_write32(mmio::FENCE_REG_BASE + 4, fence_hi)?;
         let timeline = self.alloc_ggtt(vgpu, true, PAGE_SIZE)?;
@@ -411,8 +471,16 @@ impl GuestDriver {
                     let y = self.rng.random_range(0..=(h as u32 - wh));
                     let tiled = i == 0;
                     // X-tiled surfaces need a pitch of whole 512-byte tiles and whole 8-row tiles.
-                    let pitch = if tiled { (u64::from(ww) * 4).next_multiple_of(512) } else { u64::from(ww) * 4 };
-                    let rows = if tiled { u64::from(wh).next_multiple_of(8) } else { u64::from(wh) };
+                    let pitch = if tiled {
+                        (u64::from(ww) * 4).next_multiple_of(512)
+                    } else {
+                        u64::from(ww) * 4
+                    };
+                    let rows = if tiled {
+                        u64::from(wh).next_multiple_of(8)
+                    } else {
+                        u64::from(wh)
+                    };
                     let o = self.alloc_ggtt(vgpu, true, pitch * rows)?;
                     self.objs.insert(format!("window{i}"), o);
                     self.windows.push((o, ww, wh, x, y, tiled));
@@ -449,7 +517,15 @@ impl GuestDriver {
     }
 
     /// Binding table at offset 0 of the heap (entry 0 = 64), RENDER_SURFACE_STATE at 64.
-    fn write_surface_state(&mut self, vgpu: &Vgpu, heap: Obj, target: Obj, w: u32, h: u32, pitch: u32) -> Result<()> {
+    fn write_surface_state(
+        &mut self,
+        vgpu: &Vgpu,
+        heap: Obj,
+        target: Obj,
+        w: u32,
+        h: u32,
+        pitch: u32,
+    ) -> Result<()> {
         self.cpu_write_dwords(vgpu, heap.gpa, &[64])?;
         let mut ss = [0u32; 16];
         ss[0] = (1 << 29) | (0x0c0 << 18); // SURFTYPE_2D, B8G8R8A8_UNORM
@@ -461,13 +537,18 @@ impl GuestDriver {
     }
 
     fn header(&self, engine: EngineId, name: &'static str, len: u32) -> Result<u32> {
-        by_name(self.gen, parser_engine(engine), name).map(|d| d.header(len)).ok_or(WorkloadError::NoCommand(name))
+        by_name(self.gen, parser_engine(engine), name)
+            .map(|d| d.header(len))
+            .ok_or(WorkloadError::NoCommand(name))
     }
 
     // ---- submission ----
 
     fn ctx_index(&self, engine: EngineId) -> usize {
-        self.ctxs.iter().position(|c| c.engine == engine).unwrap_or(0)
+        self.ctxs
+            .iter()
+            .position(|c| c.engine == engine)
+            .unwrap_or(0)
     }
 
     /// Writes `cmds` (ending in MI_BATCH_BUFFER_END) into the context's next batch buffer and
@@ -485,7 +566,13 @@ impl GuestDriver {
 
     /// Appends ring commands (BB_START of `batch`, extra ring commands, the seqno breadcrumb and a
     /// user interrupt), updates the context image's tail and writes the ELSP.
-    fn submit(&mut self, vgpu: &mut Vgpu, ci: usize, batch: Option<Obj>, extra: &[u32]) -> Result<()> {
+    fn submit(
+        &mut self,
+        vgpu: &mut Vgpu,
+        ci: usize,
+        batch: Option<Obj>,
+        extra: &[u32],
+    ) -> Result<()> {
         let mut cmds = Vec::new();
         if let Some(b) = batch {
             cmds.extend(build::mi_batch_buffer_start(b.space, b.gpu, false));
@@ -502,7 +589,8 @@ impl GuestDriver {
         }
         let ring_size = c.ring.size as u32;
         let mut tail = c.tail;
-        let (ring_gpa, image_gpa, engine, ctx_id, ppgtt) = (c.ring.gpa, c.image.gpa, c.engine, c.ctx_id, c.ppgtt);
+        let (ring_gpa, image_gpa, engine, ctx_id, ppgtt) =
+            (c.ring.gpa, c.image.gpa, c.engine, c.ctx_id, c.ppgtt);
         let bytes = cmds.len() as u32 * 4;
         if tail + bytes >= ring_size {
             // Pad to the end with MI_NOOP and wrap.
@@ -513,10 +601,19 @@ impl GuestDriver {
         self.cpu_write_dwords(vgpu, ring_gpa + u64::from(tail), &cmds)?;
         tail = (tail + bytes) % ring_size;
         self.ctxs[ci].tail = tail;
-        self.cpu_write_dwords(vgpu, image_gpa + lrc::STATE_OFFSET + 4 * lrc::RING_TAIL as u64, &[tail])?;
+        self.cpu_write_dwords(
+            vgpu,
+            image_gpa + lrc::STATE_OFFSET + 4 * lrc::RING_TAIL as u64,
+            &[tail],
+        )?;
         let lrca = self.ctxs[ci].image.gpu;
-        let mut d = desc::VALID | (lrca & desc::LRCA_MASK) | (u64::from(ctx_id) << desc::CTX_ID_SHIFT);
-        d |= if ppgtt { 3 << desc::ADDRESSING_SHIFT } else { (1 << desc::ADDRESSING_SHIFT) | desc::PRIVILEGE };
+        let mut d =
+            desc::VALID | (lrca & desc::LRCA_MASK) | (u64::from(ctx_id) << desc::CTX_ID_SHIFT);
+        d |= if ppgtt {
+            3 << desc::ADDRESSING_SHIFT
+        } else {
+            (1 << desc::ADDRESSING_SHIFT) | desc::PRIVILEGE
+        };
         let elsp = engine.mmio_base() + ring::ELSP;
         vgpu.mmio_write32(elsp, 0)?;
         vgpu.mmio_write32(elsp, 0)?;
@@ -527,7 +624,12 @@ impl GuestDriver {
 
     /// Submits a batch of raw commands on `engine` (tests use this to play a hostile guest). A
     /// final MI_BATCH_BUFFER_END is appended.
-    pub fn submit_raw_batch(&mut self, vgpu: &mut Vgpu, engine: EngineId, cmds: &[u32]) -> Result<Obj> {
+    pub fn submit_raw_batch(
+        &mut self,
+        vgpu: &mut Vgpu,
+        engine: EngineId,
+        cmds: &[u32],
+    ) -> Result<Obj> {
         let ci = self.ctx_index(engine);
         let mut all = cmds.to_vec();
         all.extend(build::mi_batch_buffer_end());
@@ -583,8 +685,23 @@ impl GuestDriver {
         let mut extra = Vec::new();
         if self.frame % 30 == 0 {
             let cursor = self.objs["cursor"];
-            let color = if (self.frame / 30) % 2 == 0 { 0xffff_ffff } else { 0 };
-            extra.extend(build::xy_color_blt(cursor.gpu, 64 * 4, 4, Rect { x1: 0, y1: 0, x2: 64, y2: 64 }, color));
+            let color = if (self.frame / 30) % 2 == 0 {
+                0xffff_ffff
+            } else {
+                0
+            };
+            extra.extend(build::xy_color_blt(
+                cursor.gpu,
+                64 * 4,
+                4,
+                Rect {
+                    x1: 0,
+                    y1: 0,
+                    x2: 64,
+                    y2: 64,
+                },
+                color,
+            ));
         }
         self.submit(vgpu, ci, None, &extra)
     }
@@ -592,10 +709,18 @@ impl GuestDriver {
     fn frame_desktop(&mut self, vgpu: &mut Vgpu) -> Result<()> {
         let ci = self.ctx_index(EngineId::Blitter);
         let (w, h) = (self.cfg.width, self.cfg.height);
-        let back = if self.frame % 2 == 0 { self.objs["fb1"] } else { self.objs["fb0"] };
+        let back = if self.frame % 2 == 0 {
+            self.objs["fb1"]
+        } else {
+            self.objs["fb0"]
+        };
         // Flip to what the previous frame composed.
         if self.frame > 0 {
-            let front = if self.frame % 2 == 0 { self.objs["fb0"] } else { self.objs["fb1"] };
+            let front = if self.frame % 2 == 0 {
+                self.objs["fb0"]
+            } else {
+                self.objs["fb1"]
+            };
             vgpu.mmio_write32(mmio::PLANE_SURF[0], front.gpu as u32)?;
         }
         // Clients: one or two windows get a damage rectangle (GPU fill) and a line of text (CPU).
@@ -609,8 +734,22 @@ impl GuestDriver {
             let x2 = self.rng.random_range(u32::from(x1) + 1..=ww) as u16;
             let y2 = self.rng.random_range(u32::from(y1) + 1..=wh) as u16;
             let color: u32 = self.rng.random();
-            let pitch = if tiled { (u64::from(ww) * 4).next_multiple_of(512) } else { u64::from(ww) * 4 };
-            let mut cmd = build::xy_color_blt(o.gpu, if tiled { (pitch / 4) as i16 } else { pitch as i16 }, 4, Rect { x1, y1, x2, y2 }, color);
+            let pitch = if tiled {
+                (u64::from(ww) * 4).next_multiple_of(512)
+            } else {
+                u64::from(ww) * 4
+            };
+            let mut cmd = build::xy_color_blt(
+                o.gpu,
+                if tiled {
+                    (pitch / 4) as i16
+                } else {
+                    pitch as i16
+                },
+                4,
+                Rect { x1, y1, x2, y2 },
+                color,
+            );
             if tiled {
                 cmd[0] |= 1 << 11;
             }
@@ -627,10 +766,24 @@ impl GuestDriver {
         // Compositor: every window into the back buffer, then the cursor from a second-level batch.
         let mut comp = Vec::new();
         for &(o, ww, wh, x, y, tiled) in &self.windows {
-            let pitch = if tiled { (u64::from(ww) * 4).next_multiple_of(512) } else { u64::from(ww) * 4 };
-            let rect = Rect { x1: x as u16, y1: y as u16, x2: (x + ww) as u16, y2: (y + wh) as u16 };
-            let src_pitch = if tiled { (pitch / 4) as i16 } else { pitch as i16 };
-            let mut cmd = build::xy_src_copy_blt(back.gpu, (w * 4) as i16, rect, o.gpu, src_pitch, 0, 0, 4);
+            let pitch = if tiled {
+                (u64::from(ww) * 4).next_multiple_of(512)
+            } else {
+                u64::from(ww) * 4
+            };
+            let rect = Rect {
+                x1: x as u16,
+                y1: y as u16,
+                x2: (x + ww) as u16,
+                y2: (y + wh) as u16,
+            };
+            let src_pitch = if tiled {
+                (pitch / 4) as i16
+            } else {
+                pitch as i16
+            };
+            let mut cmd =
+                build::xy_src_copy_blt(back.gpu, (w * 4) as i16, rect, o.gpu, src_pitch, 0, 0, 4);
             if tiled {
                 cmd[0] |= 1 << 15;
             }
@@ -640,14 +793,28 @@ impl GuestDriver {
             let cursor = self.objs["cursor"];
             let cx = (self.frame as u32 * 7) % (w - 64);
             let cy = (self.frame as u32 * 3) % (h - 64);
-            let rect = Rect { x1: cx as u16, y1: cy as u16, x2: (cx + 64) as u16, y2: (cy + 64) as u16 };
-            let mut c2 = build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4);
+            let rect = Rect {
+                x1: cx as u16,
+                y1: cy as u16,
+                x2: (cx + 64) as u16,
+                y2: (cy + 64) as u16,
+            };
+            let mut c2 =
+                build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4);
             c2.extend(build::mi_batch_buffer_end());
             self.write_batch(vgpu, ci, &c2)?
         };
-        comp.extend(build::mi_batch_buffer_start(Space::Ggtt, cursor_batch.gpu, true));
+        comp.extend(build::mi_batch_buffer_start(
+            Space::Ggtt,
+            cursor_batch.gpu,
+            true,
+        ));
         let timeline = self.objs["timeline"];
-        comp.extend(build::mi_flush_dw(Some((AddressSpace::Ggtt, timeline.gpu, self.frame))));
+        comp.extend(build::mi_flush_dw(Some((
+            AddressSpace::Ggtt,
+            timeline.gpu,
+            self.frame,
+        ))));
         comp.extend(build::mi_batch_buffer_end());
         let b = self.write_batch(vgpu, ci, &comp)?;
         self.submit(vgpu, ci, Some(b), &[])
@@ -662,7 +829,21 @@ impl GuestDriver {
         let data: Vec<u8> = (0..128 * 128 * 4 / 16).map(|_| self.rng.random()).collect();
         let off = self.rng.random_range(0..16u64) * (128 * 128 * 4 / 16);
         self.cpu_write(vgpu, staging.gpa + off, &data)?;
-        let mut up = build::xy_src_copy_blt(tex.gpu, 512, Rect { x1: 0, y1: 0, x2: 128, y2: 128 }, staging.gpu, 512, 0, 0, 4);
+        let mut up = build::xy_src_copy_blt(
+            tex.gpu,
+            512,
+            Rect {
+                x1: 0,
+                y1: 0,
+                x2: 128,
+                y2: 128,
+            },
+            staging.gpu,
+            512,
+            0,
+            0,
+            4,
+        );
         up.extend(build::mi_batch_buffer_end());
         let b = self.write_batch(vgpu, bci, &up)?;
         self.submit(vgpu, bci, Some(b), &[])?;
@@ -676,7 +857,10 @@ impl GuestDriver {
         tail.extend(build::mi_batch_buffer_end());
         let chained = self.write_batch(vgpu, rci, &tail)?;
         let mut r = build::state_base_address(heap.gpu, heap.gpu);
-        r.extend([self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?, 0]);
+        r.extend([
+            self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?,
+            0,
+        ]);
         let mut db = vec![0u32; 8];
         db[0] = self.header(EngineId::Render, "3DSTATE_DEPTH_BUFFER", 8)?;
         db[1] = (1 << 29) | (1 << 28) | (1 << 18) | (w * 4 - 1);
@@ -685,10 +869,18 @@ impl GuestDriver {
         db[4] = ((h - 1) << 18) | ((w - 1) << 4);
         r.extend(db);
         let clear: f32 = self.rng.random_range(0.0..1.0);
-        r.extend([self.header(EngineId::Render, "3DSTATE_CLEAR_PARAMS", 3)?, clear.to_bits(), 1]);
+        r.extend([
+            self.header(EngineId::Render, "3DSTATE_CLEAR_PARAMS", 3)?,
+            clear.to_bits(),
+            1,
+        ]);
         let vertices = self.rng.random_range(3..3000u32);
         r.extend(build::primitive_3d(vertices));
-        r.extend(build::mi_batch_buffer_start(Space::Ppgtt, chained.gpu, false));
+        r.extend(build::mi_batch_buffer_start(
+            Space::Ppgtt,
+            chained.gpu,
+            false,
+        ));
         let b = self.write_batch(vgpu, rci, &r)?;
         let timeline = self.objs["timeline"];
         let fence = build::pipe_control(Some((AddressSpace::Ggtt, timeline.gpu + 8, self.frame)));
@@ -720,9 +912,16 @@ impl GuestDriver {
         bsd[0] = self.header(e, "MFD_AVC_BSD_OBJECT", 7)?;
         bsd[1] = len as u32;
         bsd[2] = bitstream.gpu as u32;
-        bsd[3] = data.iter().take(16).fold(0u32, |a, x| a.rotate_left(5) ^ u32::from(*x));
+        bsd[3] = data
+            .iter()
+            .take(16)
+            .fold(0u32, |a, x| a.rotate_left(5) ^ u32::from(*x));
         b.extend(bsd);
-        b.extend(build::mi_flush_dw(Some((AddressSpace::Ppgtt, status.gpu, self.frame))));
+        b.extend(build::mi_flush_dw(Some((
+            AddressSpace::Ppgtt,
+            status.gpu,
+            self.frame,
+        ))));
         b.extend(build::mi_batch_buffer_end());
         let bo = self.write_batch(vgpu, ci, &b)?;
         self.submit(vgpu, ci, Some(bo), &[])
@@ -733,7 +932,10 @@ impl GuestDriver {
         let heap = self.objs["surface_heap"];
         let results = self.objs["results"];
         let mut b = build::state_base_address(heap.gpu, heap.gpu);
-        b.extend([self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?, 0]);
+        b.extend([
+            self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?,
+            0,
+        ]);
         b.extend(build::mi_load_register_imm(&[(0x2600, self.frame as u32)]));
         let groups: u32 = self.rng.random_range(1..64);
         let mut walker = vec![0u32; 15];
@@ -741,8 +943,16 @@ impl GuestDriver {
         walker[7] = groups;
         b.extend(walker);
         let word: u32 = self.rng.random();
-        b.extend(build::mi_store_data_imm(AddressSpace::Ppgtt, results.gpu + 8 * (self.frame % 64), &[word, groups]));
-        b.extend(build::pipe_control(Some((AddressSpace::Ppgtt, results.gpu + 1024, self.frame))));
+        b.extend(build::mi_store_data_imm(
+            AddressSpace::Ppgtt,
+            results.gpu + 8 * (self.frame % 64),
+            &[word, groups],
+        ));
+        b.extend(build::pipe_control(Some((
+            AddressSpace::Ppgtt,
+            results.gpu + 1024,
+            self.frame,
+        ))));
         b.extend(build::mi_batch_buffer_end());
         let bo = self.write_batch(vgpu, ci, &b)?;
         self.submit(vgpu, ci, Some(bo), &[])

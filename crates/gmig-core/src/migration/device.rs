@@ -1,18 +1,24 @@
 //! The two migration devices the engine drives through `gmig-vfio-migration`'s state machine:
 //! [`SourceDevice`] produces the gmig stream from a running VM, [`DestDevice`] consumes it into a
 //! private VM that nobody sees until the whole stream has validated and the VM is restored.
+//!
+//! Hashing is `gmig-dirty`'s: pre-copy pages go through [`Hasher::copy_for_send`] (the snapshot
+//! records the hash of exactly the bytes copied into the batch), and downtime re-hashing runs
+//! [`Hasher::diff_with`] on a pipeline thread whose workers hand dirty frames to the sender as they
+//! find them.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use gmig_dirty::{DirtyBitmap, GuestPages, HashSnapshot, Hasher};
 use gmig_vfio_migration::{
     ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, MigrationFeatures,
     PrecopyInfo, RunControl, StateLoader, StateSaver,
 };
-use rayon::prelude::*;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestMemoryMmap};
 
 use super::{Candidates, MigratableVm, Policy, VmFactory};
 use crate::stream::{
@@ -20,25 +26,35 @@ use crate::stream::{
     StreamWriter, PAGE_SIZE,
 };
 
-/// Pages hashed per pipeline chunk in stop-copy (one chunk is hashed in parallel, then handed to
-/// the sender while the next is hashed).
-pub const HASH_CHUNK_PAGES: usize = 2048;
-
-/// Hash of one page's bytes (xxh3-64).
-pub fn page_hash(page: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(page)
+fn dg(g: Gfn) -> gmig_dirty::Gfn {
+    gmig_dirty::Gfn(g.0)
 }
 
-fn read_page(
-    mem: &GuestMemoryMmap,
-    gfn: Gfn,
-    out: &mut [u8; PAGE_SIZE],
-) -> Result<(), DeviceError> {
+fn failed(what: &str, e: impl std::fmt::Display) -> DeviceError {
+    DeviceError::Failed(format!("{what}: {e}"))
+}
+
+fn read_page(mem: &GuestMemoryMmap, gfn: Gfn, out: &mut [u8]) -> Result<(), DeviceError> {
     let addr = gfn
-        .checked_addr()
+        .addr()
         .ok_or_else(|| DeviceError::Failed(format!("frame 0x{:x} overflows", gfn.0)))?;
-    mem.read_slice(out, GuestAddress(addr))
-        .map_err(|e| DeviceError::Failed(format!("reading guest frame 0x{:x}: {e}", gfn.0)))
+    mem.read_slice(out, addr)
+        .map_err(|e| failed(&format!("reading guest frame 0x{:x}", gfn.0), e))
+}
+
+/// A bitmap over `pages` frames from frame 0 with `frames` set (frames outside are ignored: they
+/// cannot be in guest memory).
+fn bitmap_of(
+    pages: u64,
+    frames: impl IntoIterator<Item = Gfn>,
+) -> Result<DirtyBitmap, DeviceError> {
+    let mut b = DirtyBitmap::new(gmig_dirty::Gfn(0), pages).map_err(|e| failed("bitmap", e))?;
+    for g in frames {
+        if g.0 < pages {
+            b.set(dg(g)).map_err(|e| failed("bitmap", e))?;
+        }
+    }
+    Ok(b)
 }
 
 /// Per-phase counts and times of the source side.
@@ -62,7 +78,7 @@ pub struct SourceStats {
     pub widened: bool,
     /// Time to quiesce and capture device state, ns.
     pub quiesce_ns: u64,
-    /// Busy time of the downtime hash pipeline, ns (it overlaps the transfer).
+    /// Wall time of the downtime hash pipeline, ns (it overlaps the transfer).
     pub hash_ns: u64,
 }
 
@@ -72,9 +88,11 @@ enum Phase {
     StopCopy,
 }
 
+type PipelineResult = Result<(u64, u64), DeviceError>;
+
 struct Pipeline {
     rx: Receiver<Vec<Gfn>>,
-    thread: JoinHandle<(u64, u64)>,
+    thread: JoinHandle<PipelineResult>,
 }
 
 /// Saving side: a running VM whose state becomes a gmig stream.
@@ -83,16 +101,18 @@ pub struct SourceDevice<V: MigratableVm> {
     policy: Policy,
     max_drain: usize,
     batch_pages: usize,
-    hash_threads: usize,
+    hasher: Arc<Hasher>,
     phase: Phase,
     quiesced: bool,
     writer: Option<StreamWriter<Vec<u8>>>,
     tail: Vec<u8>,
     out_pos: usize,
-    sent: Vec<Option<u64>>,
+    guest_pages: u64,
+    snap: Option<HashSnapshot>,
     queue: VecDeque<Gfn>,
     first_pass_left: u64,
     batch: PageBatch,
+    scratch: Vec<u8>,
     pipeline: Option<Pipeline>,
     states: Option<Vec<(StateKind, Vec<u8>)>>,
     finished: bool,
@@ -110,35 +130,38 @@ impl<V: MigratableVm> std::fmt::Debug for SourceDevice<V> {
 
 impl<V: MigratableVm> SourceDevice<V> {
     /// Wrap a running VM. `max_drain` bounds the in-flight workloads allowed to finish after the
-    /// stop; `batch_pages` is the page-batch size; `hash_threads` the downtime hashers.
+    /// stop; `batch_pages` is the page-batch size; `hash_threads` the hashers (0: one per core).
     pub fn new(
         vm: V,
         policy: Policy,
         max_drain: usize,
         batch_pages: usize,
         hash_threads: usize,
-    ) -> Self {
+    ) -> Result<Self, DeviceError> {
         let batch_pages = batch_pages.clamp(1, crate::stream::MAX_PAGES_PER_BATCH as usize);
-        Self {
+        let hasher = Hasher::new(hash_threads).map_err(|e| failed("hash pool", e))?;
+        Ok(Self {
             vm,
             policy,
             max_drain,
             batch_pages,
-            hash_threads: hash_threads.max(1),
+            hasher: Arc::new(hasher),
             phase: Phase::Idle,
             quiesced: false,
             writer: None,
             tail: Vec::new(),
             out_pos: 0,
-            sent: Vec::new(),
+            guest_pages: 0,
+            snap: None,
             queue: VecDeque::new(),
             first_pass_left: 0,
             batch: PageBatch::with_capacity(batch_pages),
+            scratch: Vec::new(),
             pipeline: None,
             states: None,
             finished: false,
             stats: SourceStats::default(),
-        }
+        })
     }
 
     /// The VM.
@@ -166,12 +189,13 @@ impl<V: MigratableVm> SourceDevice<V> {
         self.writer = None;
         self.tail = Vec::new();
         self.out_pos = 0;
-        self.sent = Vec::new();
+        self.snap = None;
         self.queue.clear();
         self.batch.clear();
         self.states = None;
         self.finished = false;
         if let Some(p) = self.pipeline.take() {
+            // Dropping the receiver makes the workers' sends fail; they finish their slice and stop.
             drop(p.rx);
             let _ = p.thread.join();
         }
@@ -180,12 +204,10 @@ impl<V: MigratableVm> SourceDevice<V> {
 
     fn open_stream(&mut self) -> Result<(), DeviceError> {
         let header = self.vm.stream_header();
-        let pages = usize::try_from(header.guest_pages)
-            .map_err(|_| DeviceError::Failed("guest too large".into()))?;
         let writer = StreamWriter::new(Vec::with_capacity(1 << 20), &header)
-            .map_err(|e| DeviceError::Failed(e.to_string()))?;
+            .map_err(|e| failed("stream", e))?;
         self.writer = Some(writer);
-        self.sent = vec![None; pages];
+        self.guest_pages = header.guest_pages;
         self.stats = SourceStats::default();
         Ok(())
     }
@@ -196,95 +218,71 @@ impl<V: MigratableVm> SourceDevice<V> {
             .ok_or(DeviceError::Failed("no saving session".into()))
     }
 
-    /// Copy up to one batch of queued pages into a page batch, recording the hash of exactly the
-    /// bytes copied, and write it to the stream. Returns the pages written.
+    /// Copy up to one batch of queued pages and write them as a page batch. In pre-copy the copy
+    /// goes through the hasher, which records in the snapshot the hash of exactly the bytes
+    /// copied (a write landing after the copy shows as a changed hash later, never lost). Returns
+    /// the pages written.
     fn send_queued(&mut self) -> Result<u64, DeviceError> {
-        let mem = self.vm.memory().clone();
-        // In stop-copy the VM is stopped and the session ends: no hash needs keeping.
-        let record = matches!(self.phase, Phase::PreCopy);
-        let mut page = [0u8; PAGE_SIZE];
-        let mut n = 0u64;
-        while n < self.batch_pages as u64 {
-            let Some(gfn) = self.queue.pop_front() else {
-                break;
-            };
-            read_page(&mem, gfn, &mut page)?;
-            if record {
-                // Hash the copy, not guest memory: a write landing after the copy must show as a
-                // changed hash later, never be lost.
-                let slot = usize::try_from(gfn.0)
-                    .ok()
-                    .and_then(|i| self.sent.get_mut(i))
-                    .ok_or_else(|| {
-                        DeviceError::Failed(format!("frame 0x{:x} outside guest", gfn.0))
-                    })?;
-                *slot = Some(page_hash(&page));
+        let n = self.queue.len().min(self.batch_pages);
+        if n == 0 {
+            return Ok(0);
+        }
+        let gfns: Vec<Gfn> = self.queue.drain(..n).collect();
+        self.scratch.resize(n * PAGE_SIZE, 0);
+        let mem = self.vm.memory();
+        match (&self.phase, self.snap.as_mut()) {
+            (Phase::PreCopy, Some(snap)) => {
+                let pages = GuestPages::new(mem).map_err(|e| failed("guest memory", e))?;
+                let d: Vec<gmig_dirty::Gfn> = gfns.iter().map(|g| dg(*g)).collect();
+                self.hasher
+                    .copy_for_send(&pages, snap, &d, &mut self.scratch)
+                    .map_err(|e| failed("copy for send", e))?;
             }
-            self.batch.push(gfn, &page);
-            n += 1;
+            _ => {
+                // Stop-copy: the VM is stopped and the session ends, so no hash needs keeping.
+                for (g, page) in gfns.iter().zip(self.scratch.chunks_exact_mut(PAGE_SIZE)) {
+                    read_page(mem, *g, page)?;
+                }
+            }
         }
-        if n > 0 {
-            self.stats.zero_pages += self.batch.zero_pages() as u64;
-            let batch = std::mem::take(&mut self.batch);
-            let r = self.writer()?.write_pages(&batch);
-            self.batch = batch;
-            self.batch.clear();
-            r.map_err(|e| DeviceError::Failed(e.to_string()))?;
+        for (g, page) in gfns.iter().zip(self.scratch.chunks_exact(PAGE_SIZE)) {
+            let page: &[u8; PAGE_SIZE] = page
+                .try_into()
+                .map_err(|_| DeviceError::Failed("page chunk".into()))?;
+            self.batch.push(*g, page);
         }
-        Ok(n)
+        self.stats.zero_pages += self.batch.zero_pages() as u64;
+        let batch = std::mem::take(&mut self.batch);
+        let r = self.writer()?.write_pages(&batch);
+        self.batch = batch;
+        self.batch.clear();
+        r.map_err(|e| failed("stream", e))?;
+        Ok(n as u64)
     }
 
-    /// Iterative pre-copy: re-hash every page sent so far; when more than `min_pages` changed
-    /// (or became migratable), queue them as a new round and return how many; otherwise queue
-    /// nothing and return 0 (the rest is left to stop-copy).
+    /// Iterative pre-copy: re-hash every page sent so far; when more than `min_pages` changed,
+    /// queue them as a new round and return how many; otherwise queue nothing and return 0 (the
+    /// rest is left to stop-copy).
     pub fn next_round(&mut self, min_pages: u64) -> Result<u64, DeviceError> {
         if !matches!(self.phase, Phase::PreCopy) {
             return Err(DeviceError::Failed("next_round outside PRE_COPY".into()));
         }
-        let changed = self.changed_pages()?;
-        let n = changed.len() as u64;
+        let snap = self
+            .snap
+            .as_ref()
+            .ok_or(DeviceError::Failed("no snapshot".into()))?;
+        let pages = GuestPages::new(self.vm.memory()).map_err(|e| failed("guest memory", e))?;
+        let dirty = self
+            .hasher
+            .diff(&pages, snap, None)
+            .map_err(|e| failed("re-hash", e))?;
+        let n = dirty.count();
         if n <= min_pages {
             return Ok(0);
         }
-        self.queue.extend(changed);
+        self.queue.extend(dirty.iter().map(|g| Gfn(g.0)));
         self.stats.rounds += 1;
         Ok(n)
-    }
-
-    fn sent_pages(&self) -> Vec<Gfn> {
-        (0..self.sent.len() as u64)
-            .map(Gfn)
-            .filter(|g| self.sent.get(g.0 as usize).is_some_and(Option::is_some))
-            .collect()
-    }
-
-    /// Pages whose current hash differs from the hash sent, plus migratable pages never sent.
-    /// Hashes in parallel.
-    fn changed_pages(&self) -> Result<Vec<Gfn>, DeviceError> {
-        let mem = self.vm.memory();
-        let sent = &self.sent;
-        let check = self.sent_pages();
-        let mut changed: Vec<Gfn> = check
-            .par_iter()
-            .filter_map(|&g| {
-                let mut p = [0u8; PAGE_SIZE];
-                let old = sent.get(g.0 as usize).copied().flatten()?;
-                match read_page(mem, g, &mut p) {
-                    Ok(()) => (page_hash(&p) != old).then_some(g),
-                    Err(_) => Some(g),
-                }
-            })
-            .collect();
-        changed.extend(self.unsent_pages());
-        Ok(changed)
-    }
-
-    fn unsent_pages(&self) -> Vec<Gfn> {
-        self.vm
-            .migratable_pages()
-            .into_iter()
-            .filter(|g| self.sent.get(g.0 as usize).is_some_and(Option::is_none))
-            .collect()
     }
 
     fn quiesce(&mut self) -> Result<(), DeviceError> {
@@ -293,7 +291,7 @@ impl<V: MigratableVm> SourceDevice<V> {
             let drained = self
                 .vm
                 .quiesce(self.max_drain)
-                .map_err(|e| DeviceError::Failed(e.to_string()))?;
+                .map_err(|e| failed("quiesce", e))?;
             self.quiesced = true;
             self.stats.drained = drained as u64;
             self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
@@ -306,66 +304,55 @@ impl<V: MigratableVm> SourceDevice<V> {
     fn enter_stop_copy(&mut self) -> Result<(), DeviceError> {
         self.quiesce()?;
         let t = Instant::now();
-        let states = self
-            .vm
-            .save_state()
-            .map_err(|e| DeviceError::Failed(e.to_string()))?;
+        let states = self.vm.save_state().map_err(|e| failed("save state", e))?;
         self.states = Some(states);
         self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
 
-        // What must be checked (re-hashed) and what goes unconditionally.
-        let check: Vec<Gfn> = match self.policy {
-            Policy::StopAndCopy => Vec::new(),
-            Policy::Iterative | Policy::OneShot => self.sent_pages(),
-            Policy::OneShotNarrow => match self.vm.write_candidates() {
-                Candidates::Unknown => {
-                    self.stats.widened = true;
-                    self.sent_pages()
-                }
-                Candidates::Pages(mut pages) => {
-                    pages.sort_unstable();
-                    pages.dedup();
-                    pages.retain(|g| self.sent.get(g.0 as usize).is_some_and(Option::is_some));
-                    pages
-                }
-            },
-        };
         self.queue.clear();
-        self.queue.extend(self.unsent_pages());
-        self.stats.rehashed = check.len() as u64;
+        let Some(snap) = self.snap.take() else {
+            // Stop-and-copy: no pre-copy, every migratable page goes now.
+            self.queue.extend(self.vm.migratable_pages());
+            self.phase = Phase::StopCopy;
+            return Ok(());
+        };
+        // Pages that became migratable after pre-copy started were never tracked: send them.
+        let tracked = snap.tracked().clone();
+        self.queue.extend(
+            self.vm
+                .migratable_pages()
+                .into_iter()
+                .filter(|g| !tracked.in_span(dg(*g)) || !tracked.is_set(dg(*g))),
+        );
+        let candidates = match (self.policy, self.vm.write_candidates()) {
+            (Policy::OneShotNarrow, Candidates::Pages(pages)) => {
+                let mut b = bitmap_of(self.guest_pages, pages)?;
+                b.intersect(&tracked);
+                Some(b)
+            }
+            (Policy::OneShotNarrow, Candidates::Unknown) => {
+                self.stats.widened = true;
+                None
+            }
+            _ => None,
+        };
+        self.stats.rehashed = candidates
+            .as_ref()
+            .map_or(tracked.count(), DirtyBitmap::count);
 
         let mem = self.vm.memory().clone();
-        let sent = std::mem::take(&mut self.sent);
-        let threads = self.hash_threads;
-        let (tx, rx) = sync_channel::<Vec<Gfn>>(4);
-        let thread = std::thread::spawn(move || {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
-            let hash_chunk = |chunk: &[Gfn]| -> Vec<Gfn> {
-                chunk
-                    .par_iter()
-                    .filter(|g| {
-                        let mut p = [0u8; PAGE_SIZE];
-                        let old = sent.get(g.0 as usize).copied().flatten();
-                        read_page(&mem, **g, &mut p).is_err() || Some(page_hash(&p)) != old
-                    })
-                    .copied()
-                    .collect()
+        let hasher = Arc::clone(&self.hasher);
+        let (tx, rx) = sync_channel::<Vec<Gfn>>(64);
+        let thread = std::thread::spawn(move || -> PipelineResult {
+            let t = Instant::now();
+            let pages = GuestPages::new(&mem).map_err(|e| failed("guest memory", e))?;
+            let sink = |found: &[gmig_dirty::Gfn]| {
+                // A failed send means the session was aborted; the diff just runs out.
+                let _ = tx.send(found.iter().map(|g| Gfn(g.0)).collect());
             };
-            let mut busy = Duration::ZERO;
-            let mut hashed = 0u64;
-            for chunk in check.chunks(HASH_CHUNK_PAGES) {
-                let c0 = Instant::now();
-                let dirty = match &pool {
-                    Ok(pool) => pool.install(|| hash_chunk(chunk)),
-                    Err(_) => hash_chunk(chunk),
-                };
-                busy += c0.elapsed();
-                hashed += chunk.len() as u64;
-                if tx.send(dirty).is_err() {
-                    break; // the sender gave up (session aborted)
-                }
-            }
-            (busy.as_nanos() as u64, hashed)
+            let dirty = hasher
+                .diff_with(&pages, &snap, candidates.as_ref(), &sink)
+                .map_err(|e| failed("re-hash", e))?;
+            Ok((t.elapsed().as_nanos() as u64, dirty.count()))
         });
         self.pipeline = Some(Pipeline { rx, thread });
         self.phase = Phase::StopCopy;
@@ -381,35 +368,31 @@ impl<V: MigratableVm> SourceDevice<V> {
                 return Ok(true);
             }
             if let Some(p) = &self.pipeline {
-                match p.rx.recv() {
-                    Ok(dirty) => {
-                        self.queue.extend(dirty);
-                        continue;
-                    }
-                    Err(_) => {
-                        let p = self
-                            .pipeline
-                            .take()
-                            .ok_or(DeviceError::Failed("pipeline".into()))?;
-                        let (busy, _) = p
-                            .thread
-                            .join()
-                            .map_err(|_| DeviceError::Failed("hash pipeline panicked".into()))?;
-                        self.stats.hash_ns = busy;
-                        continue;
-                    }
+                if let Ok(dirty) = p.rx.recv() {
+                    self.queue.extend(dirty);
+                    continue;
                 }
+                let p = self
+                    .pipeline
+                    .take()
+                    .ok_or(DeviceError::Failed("pipeline".into()))?;
+                let (ns, _) = p
+                    .thread
+                    .join()
+                    .map_err(|_| DeviceError::Failed("hash pipeline panicked".into()))??;
+                self.stats.hash_ns = ns;
+                continue;
             }
             if let Some(states) = self.states.take() {
                 let w = self.writer()?;
                 for (kind, payload) in &states {
                     w.write_state(*kind, payload)
-                        .map_err(|e| DeviceError::Failed(e.to_string()))?;
+                        .map_err(|e| failed("stream", e))?;
                 }
                 return Ok(true);
             }
             if let Some(w) = self.writer.take() {
-                let (rest, _) = w.finish().map_err(|e| DeviceError::Failed(e.to_string()))?;
+                let (rest, _) = w.finish().map_err(|e| failed("stream", e))?;
                 // Bytes not yet handed out stay at the front of `rest`.
                 self.tail = rest;
                 self.finished = true;
@@ -457,7 +440,6 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
         self.open_stream().map_err(ArcFailure::rolled_back)?;
         self.stats.quiesce_ns = quiesce_ns;
         self.stats.drained = drained;
-        self.queue.extend(self.vm.migratable_pages());
         self.enter_stop_copy().map_err(ArcFailure::rolled_back)
     }
 
@@ -520,8 +502,13 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
     fn start_precopy(&mut self) -> ArcResult {
         self.reset_session();
         self.open_stream().map_err(ArcFailure::rolled_back)?;
-        self.vm.start_write_tracking();
         let pages = self.vm.migratable_pages();
+        let tracked =
+            bitmap_of(self.guest_pages, pages.iter().copied()).map_err(ArcFailure::rolled_back)?;
+        let snap = HashSnapshot::new(tracked)
+            .map_err(|e| ArcFailure::rolled_back(failed("snapshot", e)))?;
+        self.snap = Some(snap);
+        self.vm.start_write_tracking();
         self.first_pass_left = pages.len() as u64;
         self.queue.extend(pages);
         self.stats.rounds = 1;
@@ -708,14 +695,13 @@ impl<F: VmFactory> DestDevice<F> {
                         PageData::Full(p) => p,
                     };
                     let addr = gfn
-                        .checked_addr()
+                        .addr()
                         .ok_or(DeviceError::Failed("frame overflow".into()))?;
-                    mem.write_slice(page, GuestAddress(addr)).map_err(|e| {
-                        DeviceError::BadStream {
+                    mem.write_slice(page, addr)
+                        .map_err(|e| DeviceError::BadStream {
                             offset: 0,
                             reason: format!("frame 0x{:x} not in guest memory: {e}", gfn.0),
-                        }
-                    })?;
+                        })?;
                     self.pages += 1;
                 }
             }

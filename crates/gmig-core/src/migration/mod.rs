@@ -376,7 +376,8 @@ pub fn source_handle<V: MigratableVm>(
         cfg.max_drain,
         cfg.batch_pages,
         cfg.hash_threads,
-    );
+    )
+    .map_err(|e| MigrationError::Config(e.to_string()))?;
     MigrationHandle::new(dev).map_err(|e| MigrationError::Device {
         phase: MigrationPhase::Handshake,
         source: TargetError::Handle(e),
