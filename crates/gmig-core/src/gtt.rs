@@ -293,6 +293,28 @@ pub fn new_guest_ram(
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size)])
 }
 
+/// A fresh guest RAM of the same layout holding a byte copy of `src` (what a migration's page
+/// transfer ends with; tests use it directly).
+pub fn copy_guest_ram(src: &GuestRam) -> std::result::Result<GuestRam, vm_memory::mmap::FromRangesError> {
+    use vm_memory::GuestMemoryRegion;
+    let ranges: Vec<(GuestAddress, usize)> = src.iter().map(|r| (r.start_addr(), r.len() as usize)).collect();
+    let dst = GuestMemoryMmap::from_ranges(&ranges)?;
+    let mut buf = vec![0u8; 1 << 20];
+    for &(start, len) in &ranges {
+        let mut off = 0usize;
+        while off < len {
+            let n = (len - off).min(buf.len());
+            let at = GuestAddress(start.0 + off as u64);
+            // Both memories have exactly these ranges, so these accesses are in bounds.
+            if src.read_slice(&mut buf[..n], at).is_ok() {
+                let _ = dst.write_slice(&buf[..n], at);
+            }
+            off += n;
+        }
+    }
+    Ok(dst)
+}
+
 /// Total bytes of guest RAM.
 pub fn ram_size(mem: &GuestRam) -> u64 {
     use vm_memory::GuestMemoryRegion;

@@ -622,6 +622,12 @@ impl GuestDriver {
         Ok(())
     }
 
+    /// The batch buffer the next submission on `engine` will use.
+    pub fn next_batch(&self, engine: EngineId) -> Obj {
+        let c = &self.ctxs[self.ctx_index(engine)];
+        c.batches[c.next_batch % c.batches.len()]
+    }
+
     /// Submits a batch of raw commands on `engine` (tests use this to play a hostile guest). A
     /// final MI_BATCH_BUFFER_END is appended.
     pub fn submit_raw_batch(

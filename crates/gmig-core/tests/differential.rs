@@ -1,0 +1,129 @@
+//! Differential checks: a workload checkpointed at a random point, restored onto other slices on
+//! another host and continued ends byte-identical (guest RAM, registers, GGTT, faults) to the same
+//! workload never migrated — and, as a negative control, differs when remapping is turned off.
+
+use gmig_core::checkpoint::{RestoreOptions, VgpuState};
+use gmig_core::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use gmig_core::gtt::{copy_guest_ram, new_guest_ram};
+use gmig_core::vgpu::{compare_guest_visible, StateDiff, Vgpu, VgpuConfig};
+use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const RAM: usize = 48 << 20;
+const TY: VgpuType = VgpuType::V5_8;
+
+fn source() -> (PartitionManager, VgpuSlices) {
+    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+    let (_, s) = pm.place(TY).unwrap();
+    (pm, s)
+}
+
+/// A destination host that already runs `others` vGPUs, placing the migrant away from `src`.
+fn destination(src: &VgpuSlices, others: usize) -> VgpuSlices {
+    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+    for _ in 0..others {
+        pm.place(VgpuType::V5_4).unwrap();
+    }
+    let (_, d) = pm.place_avoiding(TY, Some(src)).unwrap();
+    assert_ne!(d.aperture.base, src.aperture.base);
+    assert_ne!(d.hidden.base, src.hidden.base);
+    d
+}
+
+fn boot(profile: Profile, seed: u64) -> (Vgpu, GuestDriver) {
+    let (_pm, s) = source();
+    let mut v = Vgpu::new(VgpuConfig::new(TY, 1), s, new_guest_ram(RAM).unwrap()).unwrap();
+    let d = GuestDriver::boot(&mut v, profile, WorkloadConfig::small(), seed).unwrap();
+    (v, d)
+}
+
+fn migrate(v: &mut Vgpu, drain: usize, others: usize, remap: bool) -> Vgpu {
+    let report = v.pause(drain);
+    assert_eq!(report.queued, v.queued());
+    let bytes = v.save().to_bytes();
+    let state = VgpuState::from_bytes(&bytes).unwrap();
+    let dest = destination(&v.host_slices(), others);
+    let ram = copy_guest_ram(v.guest_memory()).unwrap();
+    let mut w = Vgpu::restore(&state, ram, dest, RestoreOptions { remap }).unwrap();
+    w.resume();
+    w
+}
+
+/// Runs `frames` frames; before waiting on each frame listed in `cuts`, migrates the vGPU.
+fn run(profile: Profile, seed: u64, frames: u64, cuts: &[(u64, usize, usize)], remap: bool) -> (Vgpu, GuestDriver) {
+    let (mut v, mut d) = boot(profile, seed);
+    for f in 0..frames {
+        d.submit_frame(&mut v).unwrap();
+        for &(at, drain, others) in cuts {
+            if at == f {
+                v = migrate(&mut v, drain, others, remap);
+            }
+        }
+        d.wait(&mut v).unwrap();
+    }
+    (v, d)
+}
+
+fn check(profile: Profile, seed: u64) -> (StateDiff, StateDiff) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
+    let frames = 8;
+    let at = rng.random_range(0..frames - 1);
+    let drain = rng.random_range(0..3);
+    let (reference, rd) = run(profile, seed, frames, &[], true);
+    assert_eq!(rd.failures(), 0, "{profile:?} reference run failed");
+    let (migrated, md) = run(profile, seed, frames, &[(at, drain, 1)], true);
+    let ok = compare_guest_visible(&reference, &migrated);
+    assert_eq!(md.failures(), 0, "{profile:?} seed {seed}: migrated run failed: {:?}", migrated.faults());
+    let (broken, _) = run(profile, seed, frames, &[(at, drain, 1)], false);
+    let bad = compare_guest_visible(&reference, &broken);
+    (ok, bad)
+}
+
+#[test]
+fn every_profile_survives_migration_and_the_control_fails() {
+    for profile in Profile::ALL {
+        for seed in [1u64, 2, 3] {
+            let (ok, bad) = check(profile, seed);
+            assert!(ok.is_identical(), "{profile:?} seed {seed}: migrated run differs: {ok:?}");
+            assert!(!bad.is_identical(), "{profile:?} seed {seed}: remapping off still identical");
+        }
+    }
+}
+
+#[test]
+fn migrating_twice_and_with_work_queued_stays_identical() {
+    for profile in [Profile::Desktop, Profile::ThreeD] {
+        let (reference, _) = run(profile, 11, 10, &[], true);
+        // Two migrations, the second from a vGPU whose guest view already differs from its slices,
+        // each leaving work queued (drain 0).
+        let (migrated, d) = run(profile, 11, 10, &[(2, 0, 1), (6, 0, 2)], true);
+        assert_eq!(d.failures(), 0);
+        let diff = compare_guest_visible(&reference, &migrated);
+        assert!(diff.is_identical(), "{profile:?}: {diff:?}");
+    }
+}
+
+#[test]
+fn queued_workloads_travel_in_the_checkpoint() {
+    let (mut v, mut d) = boot(Profile::Desktop, 5);
+    d.run_frames(&mut v, 2).unwrap();
+    d.submit_frame(&mut v).unwrap();
+    let queued = v.queued();
+    assert!(queued >= 2, "desktop submits a client and a compositor batch per frame");
+    let report = v.pause(1);
+    assert_eq!(report.executed, 1);
+    assert_eq!(report.queued, queued - 1);
+    let state = v.save();
+    assert_eq!(state.queue.len(), queued - 1);
+    let w = migrate(&mut v, 0, 1, true);
+    assert_eq!(w.queued(), queued - 1);
+    assert_ne!(w.host_slices(), w.guest_view());
+}
+
+#[test]
+fn without_remapping_the_guest_sees_gpu_errors_and_lost_writes() {
+    let (_, bad) = check(Profile::Desktop, 1);
+    assert!(bad.faults, "stale addresses fault on the destination");
+    assert!(!bad.pages.is_empty(), "and the writes they were meant to do are missing");
+}

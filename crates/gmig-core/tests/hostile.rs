@@ -1,0 +1,121 @@
+//! A hostile guest's workloads are refused before execution and reported as GPU errors; the
+//! hostile vGPU and its neighbours on the same host keep working.
+
+use gmig_cmdparser::build::{self, Rect};
+use gmig_cmdparser::{by_name, AddressSpace, Engine, Gen};
+use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_core::gtt::new_guest_ram;
+use gmig_core::mmio::{self, EngineId};
+use gmig_core::vgpu::{compare_guest_visible, FaultKind, Vgpu, VgpuConfig};
+use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+
+const RAM: usize = 32 << 20;
+
+struct Host {
+    vgpus: Vec<(Vgpu, GuestDriver)>,
+}
+
+fn host(n: usize, seed: u64) -> Host {
+    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+    let mut vgpus = Vec::new();
+    for i in 0..n {
+        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
+        let mut v = Vgpu::new(VgpuConfig::new(VgpuType::V5_8, i as u32 + 1), s, new_guest_ram(RAM).unwrap()).unwrap();
+        let d = GuestDriver::boot(&mut v, Profile::Desktop, WorkloadConfig::small(), seed + i as u64).unwrap();
+        vgpus.push((v, d));
+    }
+    Host { vgpus }
+}
+
+/// Submits `cmds` from the hostile guest (vGPU 0), checks the refusal, then checks everyone
+/// keeps working and the neighbour is exactly where a run without the attack would be.
+fn attack(cmds: impl Fn(&Host) -> Vec<u32>, want: FaultKind) -> String {
+    let mut h = host(2, 40);
+    let mut quiet = host(2, 40);
+    for hh in [&mut h, &mut quiet] {
+        for (v, d) in &mut hh.vgpus {
+            d.run_frames(v, 2).unwrap();
+        }
+    }
+    let bad = cmds(&h);
+    let (v0, d0) = &mut h.vgpus[0];
+    let executed_before = v0.stats().executed;
+    d0.submit_raw_batch(v0, EngineId::Blitter, &bad).unwrap();
+    let rep = d0.wait(v0).unwrap();
+    assert_eq!(rep.failed, 1, "the guest sees its submission fail");
+    let fault = v0.faults().last().cloned().expect("a fault is reported");
+    assert_eq!(fault.kind, want, "{fault:?}");
+    assert_eq!(v0.stats().executed, executed_before, "nothing of the refused workload ran");
+    let fault_reg = v0.mmio_read32(mmio::RING_FAULT_REG).unwrap();
+    assert_eq!(fault_reg & 1, 1, "RING_FAULT_REG valid bit");
+    assert_eq!((fault_reg >> 12) & 3, EngineId::Blitter.index() as u32);
+    // The hostile vGPU goes on working.
+    let failures = d0.failures();
+    d0.run_frames(v0, 3).unwrap();
+    assert_eq!(d0.failures(), failures, "later frames complete");
+    // The neighbour is untouched: identical to the same guest on a host without the attack.
+    for hh in [&mut h, &mut quiet] {
+        let (v1, d1) = &mut hh.vgpus[1];
+        d1.run_frames(v1, 3).unwrap();
+    }
+    let diff = compare_guest_visible(&h.vgpus[1].0, &quiet.vgpus[1].0);
+    assert!(diff.is_identical(), "{diff:?}");
+    assert_eq!(h.vgpus[1].1.failures(), 0);
+    fault.reason
+}
+
+#[test]
+fn out_of_slice_blit_is_refused() {
+    let reason = attack(
+        |h| {
+            // Fill the neighbour's scanout.
+            let victim = h.vgpus[1].0.guest_view().aperture.base.0;
+            build::xy_color_blt(victim, 1024, 4, Rect { x1: 0, y1: 0, x2: 256, y2: 16 }, 0xdead_beef)
+        },
+        FaultKind::Audit,
+    );
+    assert!(reason.contains("XY_COLOR_BLT"), "{reason}");
+}
+
+#[test]
+fn blit_straddling_the_slice_end_is_refused() {
+    let _ = attack(
+        |h| {
+            let s = h.vgpus[0].0.guest_view().aperture;
+            let near_end = s.base.0 + s.size - 4096;
+            build::xy_color_blt(near_end, 4096, 4, Rect { x1: 0, y1: 0, x2: 1024, y2: 4 }, 1)
+        },
+        FaultKind::Audit,
+    );
+}
+
+#[test]
+fn forbidden_command_is_refused() {
+    let reason = attack(
+        |_| {
+            let d = by_name(Gen::Gen9, Engine::Blitter, "MI_UPDATE_GTT").expect("MI_UPDATE_GTT in the tables");
+            let mut v = vec![d.header(4), 0, 0, 0];
+            v[1] = 0x1000;
+            v
+        },
+        FaultKind::Audit,
+    );
+    assert!(reason.contains("MI_UPDATE_GTT"), "{reason}");
+}
+
+#[test]
+fn self_looping_batch_is_refused() {
+    let reason = attack(
+        |h| {
+            let b = h.vgpus[0].1.next_batch(EngineId::Blitter);
+            build::mi_batch_buffer_start(AddressSpace::Ggtt, b.gpu, false)
+        },
+        FaultKind::Walk,
+    );
+    assert!(reason.contains("budget"), "{reason}");
+}
+
+#[test]
+fn register_write_outside_the_whitelist_is_refused() {
+    let _ = attack(|_| build::mi_load_register_imm(&[(0x2030, 0)]), FaultKind::Audit);
+}
