@@ -295,9 +295,14 @@ pub fn new_guest_ram(
 
 /// A fresh guest RAM of the same layout holding a byte copy of `src` (what a migration's page
 /// transfer ends with; tests use it directly).
-pub fn copy_guest_ram(src: &GuestRam) -> std::result::Result<GuestRam, vm_memory::mmap::FromRangesError> {
+pub fn copy_guest_ram(
+    src: &GuestRam,
+) -> std::result::Result<GuestRam, vm_memory::mmap::FromRangesError> {
     use vm_memory::GuestMemoryRegion;
-    let ranges: Vec<(GuestAddress, usize)> = src.iter().map(|r| (r.start_addr(), r.len() as usize)).collect();
+    let ranges: Vec<(GuestAddress, usize)> = src
+        .iter()
+        .map(|r| (r.start_addr(), r.len() as usize))
+        .collect();
     let dst = GuestMemoryMmap::from_ranges(&ranges)?;
     let mut buf = vec![0u8; 1 << 20];
     for &(start, len) in &ranges {

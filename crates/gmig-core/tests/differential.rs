@@ -51,7 +51,13 @@ fn migrate(v: &mut Vgpu, drain: usize, others: usize, remap: bool) -> Vgpu {
 }
 
 /// Runs `frames` frames; before waiting on each frame listed in `cuts`, migrates the vGPU.
-fn run(profile: Profile, seed: u64, frames: u64, cuts: &[(u64, usize, usize)], remap: bool) -> (Vgpu, GuestDriver) {
+fn run(
+    profile: Profile,
+    seed: u64,
+    frames: u64,
+    cuts: &[(u64, usize, usize)],
+    remap: bool,
+) -> (Vgpu, GuestDriver) {
     let (mut v, mut d) = boot(profile, seed);
     for f in 0..frames {
         d.submit_frame(&mut v).unwrap();
@@ -74,7 +80,12 @@ fn check(profile: Profile, seed: u64) -> (StateDiff, StateDiff) {
     assert_eq!(rd.failures(), 0, "{profile:?} reference run failed");
     let (migrated, md) = run(profile, seed, frames, &[(at, drain, 1)], true);
     let ok = compare_guest_visible(&reference, &migrated);
-    assert_eq!(md.failures(), 0, "{profile:?} seed {seed}: migrated run failed: {:?}", migrated.faults());
+    assert_eq!(
+        md.failures(),
+        0,
+        "{profile:?} seed {seed}: migrated run failed: {:?}",
+        migrated.faults()
+    );
     let (broken, _) = run(profile, seed, frames, &[(at, drain, 1)], false);
     let bad = compare_guest_visible(&reference, &broken);
     (ok, bad)
@@ -85,8 +96,14 @@ fn every_profile_survives_migration_and_the_control_fails() {
     for profile in Profile::ALL {
         for seed in [1u64, 2, 3] {
             let (ok, bad) = check(profile, seed);
-            assert!(ok.is_identical(), "{profile:?} seed {seed}: migrated run differs: {ok:?}");
-            assert!(!bad.is_identical(), "{profile:?} seed {seed}: remapping off still identical");
+            assert!(
+                ok.is_identical(),
+                "{profile:?} seed {seed}: migrated run differs: {ok:?}"
+            );
+            assert!(
+                !bad.is_identical(),
+                "{profile:?} seed {seed}: remapping off still identical"
+            );
         }
     }
 }
@@ -110,7 +127,10 @@ fn queued_workloads_travel_in_the_checkpoint() {
     d.run_frames(&mut v, 2).unwrap();
     d.submit_frame(&mut v).unwrap();
     let queued = v.queued();
-    assert!(queued >= 2, "desktop submits a client and a compositor batch per frame");
+    assert!(
+        queued >= 2,
+        "desktop submits a client and a compositor batch per frame"
+    );
     let report = v.pause(1);
     assert_eq!(report.executed, 1);
     assert_eq!(report.queued, queued - 1);
@@ -125,5 +145,8 @@ fn queued_workloads_travel_in_the_checkpoint() {
 fn without_remapping_the_guest_sees_gpu_errors_and_lost_writes() {
     let (_, bad) = check(Profile::Desktop, 1);
     assert!(bad.faults, "stale addresses fault on the destination");
-    assert!(!bad.pages.is_empty(), "and the writes they were meant to do are missing");
+    assert!(
+        !bad.pages.is_empty(),
+        "and the writes they were meant to do are missing"
+    );
 }

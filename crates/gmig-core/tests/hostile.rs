@@ -20,8 +20,19 @@ fn host(n: usize, seed: u64) -> Host {
     let mut vgpus = Vec::new();
     for i in 0..n {
         let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-        let mut v = Vgpu::new(VgpuConfig::new(VgpuType::V5_8, i as u32 + 1), s, new_guest_ram(RAM).unwrap()).unwrap();
-        let d = GuestDriver::boot(&mut v, Profile::Desktop, WorkloadConfig::small(), seed + i as u64).unwrap();
+        let mut v = Vgpu::new(
+            VgpuConfig::new(VgpuType::V5_8, i as u32 + 1),
+            s,
+            new_guest_ram(RAM).unwrap(),
+        )
+        .unwrap();
+        let d = GuestDriver::boot(
+            &mut v,
+            Profile::Desktop,
+            WorkloadConfig::small(),
+            seed + i as u64,
+        )
+        .unwrap();
         vgpus.push((v, d));
     }
     Host { vgpus }
@@ -45,7 +56,11 @@ fn attack(cmds: impl Fn(&Host) -> Vec<u32>, want: FaultKind) -> String {
     assert_eq!(rep.failed, 1, "the guest sees its submission fail");
     let fault = v0.faults().last().cloned().expect("a fault is reported");
     assert_eq!(fault.kind, want, "{fault:?}");
-    assert_eq!(v0.stats().executed, executed_before, "nothing of the refused workload ran");
+    assert_eq!(
+        v0.stats().executed,
+        executed_before,
+        "nothing of the refused workload ran"
+    );
     let fault_reg = v0.mmio_read32(mmio::RING_FAULT_REG).unwrap();
     assert_eq!(fault_reg & 1, 1, "RING_FAULT_REG valid bit");
     assert_eq!((fault_reg >> 12) & 3, EngineId::Blitter.index() as u32);
@@ -70,7 +85,18 @@ fn out_of_slice_blit_is_refused() {
         |h| {
             // Fill the neighbour's scanout.
             let victim = h.vgpus[1].0.guest_view().aperture.base.0;
-            build::xy_color_blt(victim, 1024, 4, Rect { x1: 0, y1: 0, x2: 256, y2: 16 }, 0xdead_beef)
+            build::xy_color_blt(
+                victim,
+                1024,
+                4,
+                Rect {
+                    x1: 0,
+                    y1: 0,
+                    x2: 256,
+                    y2: 16,
+                },
+                0xdead_beef,
+            )
         },
         FaultKind::Audit,
     );
@@ -83,7 +109,18 @@ fn blit_straddling_the_slice_end_is_refused() {
         |h| {
             let s = h.vgpus[0].0.guest_view().aperture;
             let near_end = s.base.0 + s.size - 4096;
-            build::xy_color_blt(near_end, 4096, 4, Rect { x1: 0, y1: 0, x2: 1024, y2: 4 }, 1)
+            build::xy_color_blt(
+                near_end,
+                4096,
+                4,
+                Rect {
+                    x1: 0,
+                    y1: 0,
+                    x2: 1024,
+                    y2: 4,
+                },
+                1,
+            )
         },
         FaultKind::Audit,
     );
@@ -93,7 +130,8 @@ fn blit_straddling_the_slice_end_is_refused() {
 fn forbidden_command_is_refused() {
     let reason = attack(
         |_| {
-            let d = by_name(Gen::Gen9, Engine::Blitter, "MI_UPDATE_GTT").expect("MI_UPDATE_GTT in the tables");
+            let d = by_name(Gen::Gen9, Engine::Blitter, "MI_UPDATE_GTT")
+                .expect("MI_UPDATE_GTT in the tables");
             let mut v = vec![d.header(4), 0, 0, 0];
             v[1] = 0x1000;
             v
@@ -117,5 +155,8 @@ fn self_looping_batch_is_refused() {
 
 #[test]
 fn register_write_outside_the_whitelist_is_refused() {
-    let _ = attack(|_| build::mi_load_register_imm(&[(0x2030, 0)]), FaultKind::Audit);
+    let _ = attack(
+        |_| build::mi_load_register_imm(&[(0x2030, 0)]),
+        FaultKind::Audit,
+    );
 }

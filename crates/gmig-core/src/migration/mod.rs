@@ -24,6 +24,7 @@
 
 pub mod device;
 pub mod toy;
+pub mod vgpu_vm;
 
 use std::io::{self, Read, Write};
 
