@@ -23,6 +23,7 @@
 //! destination (if the Commit was lost too, the stopped source still holds the whole state).
 
 pub mod device;
+pub mod scenario;
 pub mod toy;
 pub mod vgpu_vm;
 
