@@ -57,7 +57,7 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(PAGES * PAGE_SIZE as u64));
     g.bench_function("encode_16MiB_guest", |b| b.iter(|| encode(&pages)));
     g.bench_function("decode_pull_16MiB_guest", |b| {
-        b.iter(|| load(&bytes[..], StreamLimits::default(), None).expect("load"))
+        b.iter(|| load(&bytes[..], StreamLimits::default(), None).expect("load"));
     });
     g.bench_function("decode_push_64KiB_chunks", |b| {
         b.iter(|| {
@@ -70,7 +70,7 @@ fn bench(c: &mut Criterion) {
                 }
             }
             n
-        })
+        });
     });
     g.finish();
 }
