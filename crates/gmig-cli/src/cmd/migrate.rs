@@ -212,7 +212,18 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
     .context("booting the guest")?;
     vm.run_steps(args.frames_before)
         .context("running the guest")?;
-    let conn = ep.connect().context("connecting")?;
+    // The destination may still be starting: retry a refused connection for a few seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let conn = loop {
+        match ep.connect() {
+            Ok(c) => break c,
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::debug!("connect: {e}; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(Failure::Error(anyhow!(e).context("connecting"))),
+        }
+    };
     let conn: Box<dyn Connection> = match args.link_gbps {
         Some(g) => Box::new(Throttled::new(conn, g).context("link speed")?),
         None => conn,
