@@ -431,9 +431,22 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<MigrationReport> {
     let mut conn = Counted::new(conn);
-    let counters = conn.counters();
     let mut committed = false;
-    let result = run_source(handle, &mut conn, cfg, progress, &mut committed);
+    let mut result = run_source(handle, &mut conn, cfg, progress, &mut committed);
+    if let Err(MigrationError::Transport { phase, .. } | MigrationError::Closed { phase }) = &result
+    {
+        let phase = *phase;
+        // A destination that refuses the stream says why before it hangs up; a write that failed
+        // because of that should report the reason, not just the broken pipe.
+        if conn
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_ok()
+        {
+            if let Ok(Control::Rejected(reason)) = Control::read_from(&mut conn) {
+                result = Err(MigrationError::Rejected { phase, reason });
+            }
+        }
+    }
     if result.is_err() && !committed {
         let _ = conn.shutdown();
         // Back to RUNNING: from PRE_COPY by aborting it, from STOP_COPY through STOP; a device in
@@ -447,7 +460,6 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
             let _ = MigrationTarget::reset(handle);
         }
     }
-    let _ = counters;
     result
 }
 
