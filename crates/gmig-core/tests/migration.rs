@@ -424,3 +424,43 @@ fn any_corrupted_byte_of_a_recorded_stream_is_rejected_by_the_destination() {
         assert!(!load(&bad), "flip at {p} of {n} was accepted");
     }
 }
+
+#[test]
+fn a_zero_page_after_a_full_one_zeroes_the_frame_on_the_destination() {
+    use gmig_core::migration::{DestDevice, MigratableVm as _};
+    use gmig_core::stream::{load, Gfn, PageBatch, StreamWriter, PAGE_SIZE};
+    use vm_memory::{Bytes, GuestAddress};
+
+    let vm = ToyVm::new(toy_cfg(6, 0), SRC_AP, SRC_HID).unwrap();
+    let (bytes, _vm) = record_stream(vm, &cfg(Policy::StopAndCopy)).unwrap();
+    let recorded = load(&bytes[..], StreamLimits::default(), None).unwrap();
+    // Frame 1000 is zero in the recorded stream; send it full first, then the recorded batches.
+    let target = Gfn(1000);
+    assert!(recorded
+        .batches
+        .iter()
+        .flat_map(PageBatch::iter)
+        .any(|(g, d)| { g == target && d == gmig_core::stream::PageData::Zero }));
+    let mut w = StreamWriter::new(Vec::new(), &recorded.header).unwrap();
+    let mut first = PageBatch::new();
+    first.push(target, &[0xab; PAGE_SIZE]);
+    w.write_pages(&first).unwrap();
+    for b in &recorded.batches {
+        w.write_pages(b).unwrap();
+    }
+    for (k, p) in &recorded.states {
+        w.write_state(*k, p).unwrap();
+    }
+    let (stream, _) = w.finish().unwrap();
+
+    let mut h = MigrationHandle::new(DestDevice::new(factory(), StreamLimits::default())).unwrap();
+    MigrationTarget::set_state(&mut h, DeviceState::Resuming).unwrap();
+    MigrationTarget::write_data(&mut h, &stream).unwrap();
+    MigrationTarget::set_state(&mut h, DeviceState::Stop).unwrap();
+    let vm = h.device_mut().take_vm().unwrap();
+    let mut page = [0xffu8; PAGE_SIZE];
+    vm.memory()
+        .read_slice(&mut page, GuestAddress(target.0 * PAGE_SIZE as u64))
+        .unwrap();
+    assert!(page.iter().all(|&b| b == 0), "the later zero page must win");
+}

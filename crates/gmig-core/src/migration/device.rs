@@ -589,6 +589,8 @@ pub struct DestDevice<F: VmFactory> {
     vm: Option<F::Vm>,
     times: RestoreTimes,
     pages: u64,
+    /// Frames written in this session (the factory's memory starts zero-filled).
+    written: Vec<bool>,
 }
 
 impl<F: VmFactory> std::fmt::Debug for DestDevice<F> {
@@ -639,6 +641,7 @@ impl<F: VmFactory> DestDevice<F> {
             vm: None,
             times: RestoreTimes::default(),
             pages: 0,
+            written: Vec::new(),
         }
     }
 
@@ -679,6 +682,7 @@ impl<F: VmFactory> DestDevice<F> {
         self.memory = None;
         self.states.clear();
         self.pages = 0;
+        self.written = Vec::new();
     }
 
     fn apply(&mut self, section: Section) -> Result<(), DeviceError> {
@@ -690,7 +694,15 @@ impl<F: VmFactory> DestDevice<F> {
                     .ok_or(DeviceError::Failed("no staging memory".into()))?;
                 let zero = [0u8; PAGE_SIZE];
                 for (gfn, data) in batch.iter() {
+                    let slot = usize::try_from(gfn.0).ok();
+                    let seen = slot.and_then(|i| self.written.get(i)).copied();
                     let page = match data {
+                        // Fresh guest memory reads as zero: a zero page for a frame this stream
+                        // has not written yet needs no write (and no page fault).
+                        PageData::Zero if seen == Some(false) => {
+                            self.pages += 1;
+                            continue;
+                        }
                         PageData::Zero => &zero,
                         PageData::Full(p) => p,
                     };
@@ -702,6 +714,9 @@ impl<F: VmFactory> DestDevice<F> {
                             offset: 0,
                             reason: format!("frame 0x{:x} not in guest memory: {e}", gfn.0),
                         })?;
+                    if let Some(w) = slot.and_then(|i| self.written.get_mut(i)) {
+                        *w = true;
+                    }
                     self.pages += 1;
                 }
             }
@@ -781,6 +796,9 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
                             .create_memory(&header)
                             .map_err(|e| DeviceError::Failed(e.to_string()))?;
                         self.memory = Some(mem);
+                        // Bounded: the header's guest size passed `max_guest_pages`.
+                        self.written =
+                            vec![false; usize::try_from(header.guest_pages).unwrap_or(0)];
                     }
                 }
                 match section {

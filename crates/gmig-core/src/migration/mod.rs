@@ -138,7 +138,8 @@ pub trait VmFactory: Send {
     type Vm: MigratableVm;
     /// What this destination accepts.
     fn compatibility(&self) -> Compatibility;
-    /// Private guest memory for the incoming stream (nobody runs on it until restore).
+    /// Private, zero-filled guest memory for the incoming stream (nobody runs on it until
+    /// restore; zero pages for frames not yet written are not written again).
     fn create_memory(
         &mut self,
         header: &StreamHeader,
