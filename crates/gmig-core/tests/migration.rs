@@ -221,6 +221,9 @@ impl<C: Connection> Connection for Corrupting<C> {
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(t)
     }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(t)
+    }
 }
 
 /// Run a migration that is expected to fail; check the source is RUNNING again and that

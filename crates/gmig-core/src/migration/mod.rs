@@ -474,6 +474,7 @@ fn run_source<V: MigratableVm, C: Connection>(
     use MigrationPhase as P;
     let counters = conn.counters();
     conn.set_read_timeout(Some(cfg.timeout))
+        .and_then(|()| conn.set_write_timeout(Some(cfg.timeout)))
         .map_err(io_err(P::Handshake))?;
     let t_start = Instant::now();
     let pages_hint = handle.device().vm().migratable_pages().len() as u64;
@@ -694,6 +695,7 @@ fn run_destination<F: VmFactory, C: Connection>(
     use MigrationPhase as P;
     let counters = conn.counters();
     conn.set_read_timeout(Some(cfg.timeout))
+        .and_then(|()| conn.set_write_timeout(Some(cfg.timeout)))
         .map_err(io_err(P::Handshake))?;
     MigrationTarget::set_state(handle, DeviceState::Resuming).map_err(dev_err(P::Handshake))?;
 
