@@ -467,3 +467,25 @@ fn a_zero_page_after_a_full_one_zeroes_the_frame_on_the_destination() {
         .unwrap();
     assert!(page.iter().all(|&b| b == 0), "the later zero page must win");
 }
+
+mod cut_anywhere {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Wherever the connection drops (any byte, any policy), the source ends up RUNNING and,
+        /// continued, reaches the unmigrated run's state; the destination returns an error.
+        #[test]
+        fn a_cut_at_any_byte_loses_nothing(frac in 0.0f64..1.0, p in 0usize..4) {
+            let policy = Policy::ALL[p];
+            let (_, full) = layout(policy);
+            let cut = ((full as f64) * frac) as u64;
+            let (a, b) = mem_pair(1 << 16);
+            let a = Counted::new(a).cut_after(cut);
+            let (_src, dst) = failing_run(policy, Box::new(a), Box::new(b), factory());
+            prop_assert!(!dst.to_string().is_empty());
+        }
+    }
+}

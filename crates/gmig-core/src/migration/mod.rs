@@ -448,7 +448,8 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
             }
         }
     }
-    if result.is_err() && !committed {
+    if let (Err(e), false) = (&result, committed) {
+        tracing::warn!(error = %e, "migration failed; returning the source to RUNNING");
         let _ = conn.shutdown();
         // Back to RUNNING: from PRE_COPY by aborting it, from STOP_COPY through STOP; a device in
         // ERROR is reset (which also resumes it).
@@ -520,6 +521,11 @@ fn run_source<V: MigratableVm, C: Connection>(
     let bytes_precopy;
     if precopy {
         MigrationTarget::set_state(handle, DeviceState::PreCopy).map_err(dev_err(P::PreCopy))?;
+        tracing::debug!(
+            policy = cfg.policy.name(),
+            pages = pages_hint,
+            "pre-copy started"
+        );
         handshake(handle, conn, &mut buf)?;
         let mut batches_seen = 0u64;
         loop {
@@ -569,6 +575,11 @@ fn run_source<V: MigratableVm, C: Connection>(
         }
         conn.flush().map_err(io_err(P::PreCopy))?;
         bytes_precopy = counters.sent();
+        tracing::debug!(
+            bytes = bytes_precopy,
+            steps,
+            "pre-copy done; stopping the vGPU"
+        );
         t_stop = Instant::now();
         MigrationTarget::set_state(handle, DeviceState::StopCopy).map_err(dev_err(P::StopCopy))?;
     } else {
@@ -597,10 +608,15 @@ fn run_source<V: MigratableVm, C: Connection>(
     conn.flush().map_err(io_err(P::StopCopy))?;
     let t_sent = Instant::now();
     let bytes_total = counters.sent();
+    tracing::debug!(
+        bytes = bytes_total,
+        "stop-copy sent; waiting for the destination"
+    );
 
     expect_control(conn, P::Restore, &Control::Restored)?;
     Control::Commit.write_to(conn).map_err(io_err(P::Commit))?;
     *committed = true;
+    tracing::debug!("committed: the vGPU belongs to the destination");
     let stats = handle.device().stats();
     // The session is over on this side; the source stays stopped.
     MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Commit))?;
