@@ -1,6 +1,5 @@
 //! Command-line surface of `gmig`. Every subcommand's arguments are declared here.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -122,12 +121,13 @@ pub enum ProfileArg {
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Destination: listen on this address for an incoming migration.
+    /// Destination: listen on this address for an incoming migration (HOST:PORT, or
+    /// unix:PATH for a Unix socket).
     #[arg(long, conflicts_with = "to")]
-    pub listen: Option<SocketAddr>,
-    /// Source: migrate to the destination listening at this address.
+    pub listen: Option<String>,
+    /// Source: migrate to the destination listening at this address (HOST:PORT or unix:PATH).
     #[arg(long, required_unless_present = "listen")]
-    pub to: Option<SocketAddr>,
+    pub to: Option<String>,
     /// Guest workload running during the migration.
     #[arg(long, value_enum, default_value = "desktop")]
     pub profile: ProfileArg,

@@ -22,7 +22,15 @@ fn json(out: &[u8]) -> serde_json::Value {
 }
 
 fn pair(dest_type: &str, policy: &str) -> (std::process::Output, std::process::Output) {
-    let addr = format!("127.0.0.1:{}", free_port());
+    pair_at(&format!("127.0.0.1:{}", free_port()), dest_type, policy)
+}
+
+fn pair_at(
+    addr: &str,
+    dest_type: &str,
+    policy: &str,
+) -> (std::process::Output, std::process::Output) {
+    let addr = addr.to_string();
     let dest = gmig()
         .args(["--json", "migrate", "--listen", &addr, "--ram-mib", "48"])
         .args(["--vgpu-type", dest_type])
@@ -113,4 +121,33 @@ fn demo_reports_an_identical_migration() {
         assert!(v[k].is_number(), "{k} missing: {v}");
     }
     assert!(v["pages_stop_copy"].as_u64().unwrap() < v["pages_precopy"].as_u64().unwrap() / 5);
+}
+
+#[test]
+fn migrate_over_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("unix:{}", dir.path().join("gmig.sock").display());
+    let (src, dst) = pair_at(&addr, "64+384", "iterative");
+    assert!(
+        src.status.success(),
+        "{}",
+        String::from_utf8_lossy(&src.stderr)
+    );
+    assert!(
+        dst.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dst.stderr)
+    );
+    assert_eq!(json(&src.stdout)["policy"], "iterative");
+}
+
+#[test]
+fn a_bad_address_is_a_clear_error() {
+    let out = gmig()
+        .args(["migrate", "--to", "nowhere"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("neither HOST:PORT nor unix:PATH"), "{err}");
 }

@@ -138,11 +138,25 @@ fn vgpu_type(args: &MigrateArgs) -> anyhow::Result<VgpuType> {
 
 /// Run `gmig migrate`.
 pub fn run(args: &MigrateArgs, json: bool) -> Result<(), Failure> {
-    match (args.listen, args.to) {
-        (Some(addr), _) => destination(args, &Endpoint::Tcp(addr), json),
-        (None, Some(addr)) => source(args, &Endpoint::Tcp(addr), json),
+    match (&args.listen, &args.to) {
+        (Some(addr), _) => destination(args, &endpoint(addr)?, json),
+        (None, Some(addr)) => source(args, &endpoint(addr)?, json),
         (None, None) => Err(Failure::Error(anyhow!("give --listen ADDR or --to ADDR"))),
     }
+}
+
+/// `HOST:PORT` (TCP) or `unix:PATH` (Unix socket).
+fn endpoint(s: &str) -> anyhow::Result<Endpoint> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(anyhow!("`unix:` needs a socket path"));
+        }
+        return Ok(Endpoint::Unix(path.into()));
+    }
+    let addr = s
+        .parse()
+        .with_context(|| format!("`{s}` is neither HOST:PORT nor unix:PATH"))?;
+    Ok(Endpoint::Tcp(addr))
 }
 
 fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> {
