@@ -176,9 +176,10 @@ pub enum BenchWhat {
         /// Hashing kernel (default: the widest this CPU runs).
         #[arg(long, value_enum, default_value_t = HashKernelArg::Auto)]
         kernel: HashKernelArg,
-        /// Do not prefetch the next page while hashing.
+        /// Prefetch distance in pages while hashing (0: no software prefetch; default: chosen for
+        /// this CPU, 0 on AMD and 1 elsewhere).
         #[arg(long)]
-        no_prefetch: bool,
+        prefetch_pages: Option<usize>,
     },
     /// The migration matrix: profiles × vGPU types × policies × link speeds.
     Migrate {

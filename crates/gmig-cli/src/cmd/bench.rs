@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use gmig_dirty::hasher::default_prefetch_pages;
 use gmig_dirty::vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use gmig_dirty::{GuestPages, HashSnapshot, Hasher, HasherOptions, Kernel, PAGE_SIZE};
 
@@ -17,7 +18,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
             threads,
             reps,
             kernel,
-            no_prefetch,
+            prefetch_pages,
         } => {
             let options = HasherOptions {
                 threads: threads.unwrap_or(0),
@@ -27,7 +28,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
                     HashKernelArg::Avx2 => Some(Kernel::Avx2),
                     HashKernelArg::Avx512 => Some(Kernel::Avx512),
                 },
-                prefetch: !no_prefetch,
+                prefetch_pages: prefetch_pages.unwrap_or_else(default_prefetch_pages),
             };
             hash(*size_mib, options, *reps, json)
         }
@@ -104,7 +105,7 @@ fn hash(size_mib: usize, options: HasherOptions, reps: usize, json: bool) -> Res
             "size_mib": size_mib,
             "kernel": hasher.kernel().name(),
             "reps": reps,
-            "prefetch": hasher.prefetch(),
+            "prefetch_pages": hasher.prefetch_pages(),
             "read_prefetch_gbps": round2(gbps(read_pf)),
             "read_plain_gbps": round2(gbps(read_nopf)),
         });
