@@ -489,3 +489,46 @@ mod cut_anywhere {
         }
     }
 }
+
+#[test]
+fn mig_data_size_never_underestimates_the_stop_copy_bytes() {
+    use gmig_vfio_migration::ReadOutcome;
+    for (policy, opaque) in [
+        (Policy::StopAndCopy, 0),
+        (Policy::OneShot, 0),
+        (Policy::OneShotNarrow, 0),
+        (Policy::OneShotNarrow, 3),
+    ] {
+        let mut vm = ToyVm::new(toy_cfg(8, opaque), SRC_AP, SRC_HID).unwrap();
+        for _ in 0..BEFORE {
+            vm.step().unwrap();
+        }
+        let mut h = source_handle(vm, &cfg(policy)).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        if policy != Policy::StopAndCopy {
+            MigrationTarget::set_state(&mut h, DeviceState::PreCopy).unwrap();
+            while let ReadOutcome::Data(_) = MigrationTarget::read_data(&mut h, &mut buf).unwrap() {
+            }
+            for _ in 0..5 {
+                h.device_mut().vm_mut().step().unwrap();
+            }
+        }
+        let estimate = MigrationTarget::stop_copy_size(&mut h).unwrap();
+        MigrationTarget::set_state(&mut h, DeviceState::StopCopy).unwrap();
+        let after_stop = MigrationTarget::stop_copy_size(&mut h).unwrap();
+        let mut actual = 0u64;
+        while let ReadOutcome::Data(n) = MigrationTarget::read_data(&mut h, &mut buf).unwrap() {
+            actual += n as u64;
+        }
+        assert!(
+            estimate >= actual,
+            "{policy:?}: estimate {estimate} < {actual}"
+        );
+        assert!(
+            after_stop >= actual,
+            "{policy:?}: in STOP_COPY {after_stop} < {actual}"
+        );
+        assert_eq!(MigrationTarget::stop_copy_size(&mut h).unwrap(), 0);
+        eprintln!("{policy:?} opaque {opaque}: estimate {estimate}, in stop-copy {after_stop}, actual {actual}");
+    }
+}

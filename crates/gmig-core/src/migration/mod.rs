@@ -126,6 +126,12 @@ pub trait MigratableVm: Send {
     /// Stop accepting submissions and let at most `max_drain` in-flight workloads finish; the
     /// rest stays queued (and is carried in the device state). Returns how many finished.
     fn quiesce(&mut self, max_drain: usize) -> std::result::Result<usize, VmError>;
+    /// How many pages the workloads still queued may write when they run (a drain runs some of
+    /// them after the stop), for the MIG_DATA_SIZE bound; `None` when that is not known, which
+    /// makes the bound count every sent page. The default is `None`.
+    fn queued_write_bound(&self) -> Option<u64> {
+        None
+    }
     /// Accept submissions again (after a failed migration, or on the destination).
     fn unquiesce(&mut self) -> std::result::Result<(), VmError>;
     /// The device state, one payload per [`StateKind`].

@@ -300,6 +300,12 @@ impl MigratableVm for ToyVm {
         Ok(n)
     }
 
+    fn queued_write_bound(&self) -> Option<u64> {
+        self.queue
+            .iter()
+            .try_fold(0u64, |acc, c| (!c.opaque).then(|| acc + u64::from(c.pages)))
+    }
+
     fn unquiesce(&mut self) -> Result<(), VmError> {
         self.engine.accepting = true;
         Ok(())
