@@ -42,7 +42,14 @@ fn benches(c: &mut Criterion) {
     let kernel = Kernel::detect();
     eprintln!("kernel: {}", kernel.name());
 
-    let one = Hasher::new(1).unwrap();
+    // Explicit prefetch settings (the default depends on the CPU vendor), so each framework
+    // variant has a bare-loop twin with the same prefetching.
+    let one = Hasher::with_options(HasherOptions {
+        threads: 1,
+        prefetch_pages: 1,
+        ..HasherOptions::default()
+    })
+    .unwrap();
     let one_nopf = Hasher::with_options(HasherOptions {
         threads: 1,
         prefetch_pages: 0,

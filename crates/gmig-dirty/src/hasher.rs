@@ -65,7 +65,7 @@ const MIN_TASK_PAGES: u64 = 256;
 /// Measured (docs/performance.md): on Intel Xeon cores, prefetching the next page raises hashing
 /// from 0.52–0.65 to 0.85–0.98 of read bandwidth, because the hardware streamer restarts at each
 /// 4 KiB page; on AMD Zen 4 the hardware prefetchers already cover page crossings and the software
-/// prefetch costs about 20%. So: 0 on AMD, 1 elsewhere.
+/// prefetch costs 20–45%. So: 0 on AMD, 1 elsewhere.
 pub fn default_prefetch_pages() -> usize {
     if cpu_vendor_is_amd() {
         0
@@ -77,7 +77,10 @@ pub fn default_prefetch_pages() -> usize {
 #[cfg(target_arch = "x86_64")]
 fn cpu_vendor_is_amd() -> bool {
     // CPUID leaf 0 returns the vendor string in EBX, EDX, ECX.
-    let r = std::arch::x86_64::__cpuid(0);
+    // `__cpuid` is a safe fn on current toolchains and was `unsafe` on older ones.
+    #[allow(unused_unsafe)]
+    // SAFETY: CPUID exists on every x86-64 CPU and leaf 0 has no side effects.
+    let r = unsafe { std::arch::x86_64::__cpuid(0) };
     let mut v = [0u8; 12];
     v[..4].copy_from_slice(&r.ebx.to_le_bytes());
     v[4..8].copy_from_slice(&r.edx.to_le_bytes());
@@ -248,6 +251,7 @@ impl Hasher {
         let mut digests = vec![PageDigest::EMPTY; gfns.len()];
         let mut samples = vec![0u32; if snap.has_samples() { gfns.len() } else { 0 }];
         let kernel = self.kernel;
+        let prefetch = self.prefetch_pages > 0;
         let want_samples = snap.has_samples();
         self.pool.install(|| {
             buf.par_chunks_mut(PAGE_SIZE)
@@ -256,10 +260,10 @@ impl Hasher {
                 .with_min_len(16)
                 .try_for_each(|(i, (dst, d))| -> Result<()> {
                     let src = mem.host(gfns[i])?;
-                    let next = gfns
-                        .get(i + 1)
-                        .and_then(|&g| mem.host(g).ok())
-                        .unwrap_or(src);
+                    let next = match gfns.get(i + 1) {
+                        Some(&g) if prefetch => mem.host(g).unwrap_or(src),
+                        _ => src,
+                    };
                     // SAFETY: `src` is a mapped guest page (resolved by `mem`, alive for its
                     // borrow); `dst` is a distinct PAGE_SIZE chunk of `buf`; the kernel is
                     // supported (checked at construction).

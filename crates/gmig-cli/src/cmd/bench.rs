@@ -44,8 +44,8 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
 }
 
 /// Page hashing against plain memory reads of the same buffer, same threads and work split. The
-/// read baseline is the faster of a pass with and one without next-page prefetching, so the ratio
-/// is never flattered by a weak baseline.
+/// read baseline is the faster of a pass prefetching at the hasher's distance and one without, so
+/// the ratio is not flattered by a weak baseline.
 fn hash(size_mib: usize, options: HasherOptions, reps: usize, json: bool) -> Result<(), Failure> {
     if size_mib == 0 || reps == 0 {
         return Err(anyhow::anyhow!("--size-mib and --reps must be at least 1").into());
