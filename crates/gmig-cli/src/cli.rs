@@ -1,6 +1,5 @@
 //! Command-line surface of `gmig`. Every subcommand's arguments are declared here.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -127,12 +126,13 @@ pub enum ProfileArg {
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Destination: listen on this address for an incoming migration.
+    /// Destination: listen on this address for an incoming migration (HOST:PORT, or
+    /// unix:PATH for a Unix socket).
     #[arg(long, conflicts_with = "to")]
-    pub listen: Option<SocketAddr>,
-    /// Source: migrate to the destination listening at this address.
+    pub listen: Option<String>,
+    /// Source: migrate to the destination listening at this address (HOST:PORT or unix:PATH).
     #[arg(long, required_unless_present = "listen")]
-    pub to: Option<SocketAddr>,
+    pub to: Option<String>,
     /// Guest workload running during the migration.
     #[arg(long, value_enum, default_value = "desktop")]
     pub profile: ProfileArg,
@@ -148,6 +148,15 @@ pub struct MigrateArgs {
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Guest RAM in MiB (source and destination must agree).
+    #[arg(long, default_value_t = 128)]
+    pub ram_mib: u64,
+    /// Source: frames the guest runs before the migration starts.
+    #[arg(long, default_value_t = 5)]
+    pub frames_before: u64,
+    /// In-flight workloads allowed to finish after the stop (the rest is carried across).
+    #[arg(long, default_value_t = 2)]
+    pub max_drain: usize,
 }
 
 #[derive(Debug, Args)]
@@ -224,4 +233,10 @@ pub struct DemoArgs {
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Also run the other three policies and report them side by side.
+    #[arg(long)]
+    pub compare: bool,
+    /// Emulated link speed in Gbit/s (unlimited when absent).
+    #[arg(long)]
+    pub link_gbps: Option<f64>,
 }

@@ -1,0 +1,896 @@
+//! The two migration devices the engine drives through `gmig-vfio-migration`'s state machine:
+//! [`SourceDevice`] produces the gmig stream from a running VM, [`DestDevice`] consumes it into a
+//! private VM that nobody sees until the whole stream has validated and the VM is restored.
+//!
+//! Hashing is `gmig-dirty`'s: pre-copy pages go through [`Hasher::copy_for_send`] (the snapshot
+//! records the hash of exactly the bytes copied into the batch), and downtime re-hashing runs
+//! [`Hasher::diff_with`] on a pipeline thread whose workers hand dirty frames to the sender as they
+//! find them.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use gmig_dirty::{DirtyBitmap, GuestPages, HashSnapshot, Hasher};
+use gmig_vfio_migration::{
+    ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, MigrationFeatures,
+    PrecopyInfo, RunControl, StateLoader, StateSaver,
+};
+use vm_memory::{Bytes, GuestMemoryMmap};
+
+use super::{Candidates, MigratableVm, Policy, VmFactory};
+use crate::stream::{
+    Gfn, PageBatch, PageData, Section, StateKind, StreamDecoder, StreamError, StreamLimits,
+    StreamWriter, PAGE_SIZE,
+};
+
+fn dg(g: Gfn) -> gmig_dirty::Gfn {
+    gmig_dirty::Gfn(g.0)
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> DeviceError {
+    DeviceError::Failed(format!("{what}: {e}"))
+}
+
+fn read_page(mem: &GuestMemoryMmap, gfn: Gfn, out: &mut [u8]) -> Result<(), DeviceError> {
+    let addr = gfn
+        .addr()
+        .ok_or_else(|| DeviceError::Failed(format!("frame 0x{:x} overflows", gfn.0)))?;
+    mem.read_slice(out, addr)
+        .map_err(|e| failed(&format!("reading guest frame 0x{:x}", gfn.0), e))
+}
+
+/// A bitmap over `pages` frames from frame 0 with `frames` set (frames outside are ignored: they
+/// cannot be in guest memory).
+fn bitmap_of(
+    pages: u64,
+    frames: impl IntoIterator<Item = Gfn>,
+) -> Result<DirtyBitmap, DeviceError> {
+    let mut b = DirtyBitmap::new(gmig_dirty::Gfn(0), pages).map_err(|e| failed("bitmap", e))?;
+    for g in frames {
+        if g.0 < pages {
+            b.set(dg(g)).map_err(|e| failed("bitmap", e))?;
+        }
+    }
+    Ok(b)
+}
+
+/// Per-phase counts and times of the source side.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceStats {
+    /// Page records sent while the VM ran (all pre-copy rounds).
+    pub pages_precopy: u64,
+    /// Page records sent after the stop.
+    pub pages_stop_copy: u64,
+    /// Zero-page markers among all page records.
+    pub zero_pages: u64,
+    /// Pre-copy rounds (1 for one-shot, more for iterative, 0 for stop-and-copy).
+    pub rounds: u32,
+    /// Page batches written in pre-copy (the engine steps the workload between batches).
+    pub precopy_batches: u64,
+    /// Workloads the bounded drain let finish after the stop.
+    pub drained: u64,
+    /// Pages re-hashed in downtime.
+    pub rehashed: u64,
+    /// Whether the narrow candidate set had to widen to every page (an unknown write set).
+    pub widened: bool,
+    /// Time to quiesce and capture device state, ns.
+    pub quiesce_ns: u64,
+    /// Wall time of the downtime hash pipeline, ns (it overlaps the transfer).
+    pub hash_ns: u64,
+}
+
+enum Phase {
+    Idle,
+    PreCopy,
+    StopCopy,
+}
+
+type PipelineResult = Result<(u64, u64), DeviceError>;
+
+struct Pipeline {
+    rx: Receiver<Vec<Gfn>>,
+    thread: JoinHandle<PipelineResult>,
+}
+
+/// Saving side: a running VM whose state becomes a gmig stream.
+pub struct SourceDevice<V: MigratableVm> {
+    vm: V,
+    policy: Policy,
+    max_drain: usize,
+    batch_pages: usize,
+    hasher: Arc<Hasher>,
+    phase: Phase,
+    quiesced: bool,
+    writer: Option<StreamWriter<Vec<u8>>>,
+    tail: Vec<u8>,
+    out_pos: usize,
+    guest_pages: u64,
+    snap: Option<HashSnapshot>,
+    queue: VecDeque<Gfn>,
+    first_pass_left: u64,
+    batch: PageBatch,
+    scratch: Vec<u8>,
+    pipeline: Option<Pipeline>,
+    states: Option<Vec<(StateKind, Vec<u8>)>>,
+    finished: bool,
+    stop_copy_planned: u64,
+    stats: SourceStats,
+}
+
+impl<V: MigratableVm> std::fmt::Debug for SourceDevice<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceDevice")
+            .field("policy", &self.policy)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<V: MigratableVm> SourceDevice<V> {
+    /// Wrap a running VM. `max_drain` bounds the in-flight workloads allowed to finish after the
+    /// stop; `batch_pages` is the page-batch size; `hash_threads` the hashers (0: one per core).
+    pub fn new(
+        vm: V,
+        policy: Policy,
+        max_drain: usize,
+        batch_pages: usize,
+        hash_threads: usize,
+    ) -> Result<Self, DeviceError> {
+        let batch_pages = batch_pages.clamp(1, crate::stream::MAX_PAGES_PER_BATCH as usize);
+        let hasher = Hasher::new(hash_threads).map_err(|e| failed("hash pool", e))?;
+        Ok(Self {
+            vm,
+            policy,
+            max_drain,
+            batch_pages,
+            hasher: Arc::new(hasher),
+            phase: Phase::Idle,
+            quiesced: false,
+            writer: None,
+            tail: Vec::new(),
+            out_pos: 0,
+            guest_pages: 0,
+            snap: None,
+            queue: VecDeque::new(),
+            first_pass_left: 0,
+            batch: PageBatch::with_capacity(batch_pages),
+            scratch: Vec::new(),
+            pipeline: None,
+            states: None,
+            finished: false,
+            stop_copy_planned: 0,
+            stats: SourceStats::default(),
+        })
+    }
+
+    /// The VM.
+    pub fn vm(&self) -> &V {
+        &self.vm
+    }
+
+    /// The VM, mutably (the engine runs its workload between pre-copy batches).
+    pub fn vm_mut(&mut self) -> &mut V {
+        &mut self.vm
+    }
+
+    /// Give the VM back.
+    pub fn into_vm(self) -> V {
+        self.vm
+    }
+
+    /// Counts and times so far.
+    pub fn stats(&self) -> SourceStats {
+        self.stats
+    }
+
+    fn reset_session(&mut self) {
+        self.phase = Phase::Idle;
+        self.writer = None;
+        self.tail = Vec::new();
+        self.out_pos = 0;
+        self.snap = None;
+        self.queue.clear();
+        self.batch.clear();
+        self.states = None;
+        self.finished = false;
+        if let Some(p) = self.pipeline.take() {
+            // Dropping the receiver makes the workers' sends fail; they finish their slice and stop.
+            drop(p.rx);
+            let _ = p.thread.join();
+        }
+        self.vm.stop_write_tracking();
+    }
+
+    fn open_stream(&mut self) -> Result<(), DeviceError> {
+        let header = self.vm.stream_header();
+        let writer = StreamWriter::new(Vec::with_capacity(1 << 20), &header)
+            .map_err(|e| failed("stream", e))?;
+        self.writer = Some(writer);
+        self.guest_pages = header.guest_pages;
+        self.stats = SourceStats::default();
+        Ok(())
+    }
+
+    fn writer(&mut self) -> Result<&mut StreamWriter<Vec<u8>>, DeviceError> {
+        self.writer
+            .as_mut()
+            .ok_or(DeviceError::Failed("no saving session".into()))
+    }
+
+    /// Copy up to one batch of queued pages and write them as a page batch. In pre-copy the copy
+    /// goes through the hasher, which records in the snapshot the hash of exactly the bytes
+    /// copied (a write landing after the copy shows as a changed hash later, never lost). Returns
+    /// the pages written.
+    fn send_queued(&mut self) -> Result<u64, DeviceError> {
+        let n = self.queue.len().min(self.batch_pages);
+        if n == 0 {
+            return Ok(0);
+        }
+        let gfns: Vec<Gfn> = self.queue.drain(..n).collect();
+        self.scratch.resize(n * PAGE_SIZE, 0);
+        let mem = self.vm.memory();
+        match (&self.phase, self.snap.as_mut()) {
+            (Phase::PreCopy, Some(snap)) => {
+                let pages = GuestPages::new(mem).map_err(|e| failed("guest memory", e))?;
+                let d: Vec<gmig_dirty::Gfn> = gfns.iter().map(|g| dg(*g)).collect();
+                self.hasher
+                    .copy_for_send(&pages, snap, &d, &mut self.scratch)
+                    .map_err(|e| failed("copy for send", e))?;
+            }
+            _ => {
+                // Stop-copy: the VM is stopped and the session ends, so no hash needs keeping.
+                for (g, page) in gfns.iter().zip(self.scratch.chunks_exact_mut(PAGE_SIZE)) {
+                    read_page(mem, *g, page)?;
+                }
+            }
+        }
+        for (g, page) in gfns.iter().zip(self.scratch.chunks_exact(PAGE_SIZE)) {
+            let page: &[u8; PAGE_SIZE] = page
+                .try_into()
+                .map_err(|_| DeviceError::Failed("page chunk".into()))?;
+            self.batch.push(*g, page);
+        }
+        self.stats.zero_pages += self.batch.zero_pages() as u64;
+        let batch = std::mem::take(&mut self.batch);
+        let r = self.writer()?.write_pages(&batch);
+        self.batch = batch;
+        self.batch.clear();
+        r.map_err(|e| failed("stream", e))?;
+        Ok(n as u64)
+    }
+
+    /// Iterative pre-copy: re-hash every page sent so far; when more than `min_pages` changed,
+    /// queue them as a new round and return how many; otherwise queue nothing and return 0 (the
+    /// rest is left to stop-copy).
+    pub fn next_round(&mut self, min_pages: u64) -> Result<u64, DeviceError> {
+        if !matches!(self.phase, Phase::PreCopy) {
+            return Err(DeviceError::Failed("next_round outside PRE_COPY".into()));
+        }
+        let snap = self
+            .snap
+            .as_ref()
+            .ok_or(DeviceError::Failed("no snapshot".into()))?;
+        let pages = GuestPages::new(self.vm.memory()).map_err(|e| failed("guest memory", e))?;
+        let dirty = self
+            .hasher
+            .diff(&pages, snap, None)
+            .map_err(|e| failed("re-hash", e))?;
+        let n = dirty.count();
+        if n <= min_pages {
+            return Ok(0);
+        }
+        self.queue.extend(dirty.iter().map(|g| Gfn(g.0)));
+        self.stats.rounds += 1;
+        Ok(n)
+    }
+
+    fn quiesce(&mut self) -> Result<(), DeviceError> {
+        if !self.quiesced {
+            let t = Instant::now();
+            let drained = self
+                .vm
+                .quiesce(self.max_drain)
+                .map_err(|e| failed("quiesce", e))?;
+            self.quiesced = true;
+            self.stats.drained = drained as u64;
+            self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
+        }
+        Ok(())
+    }
+
+    /// The VM is stopped: capture its state and start the hash pipeline that finds the pages to
+    /// send in downtime.
+    fn enter_stop_copy(&mut self) -> Result<(), DeviceError> {
+        self.quiesce()?;
+        let t = Instant::now();
+        let states = self.vm.save_state().map_err(|e| failed("save state", e))?;
+        self.states = Some(states);
+        self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
+
+        self.queue.clear();
+        let Some(snap) = self.snap.take() else {
+            // Stop-and-copy: no pre-copy, every migratable page goes now.
+            self.queue.extend(self.vm.migratable_pages());
+            self.stop_copy_planned = self.queue.len() as u64;
+            self.phase = Phase::StopCopy;
+            return Ok(());
+        };
+        // Pages that became migratable after pre-copy started were never tracked: send them.
+        let tracked = snap.tracked().clone();
+        self.queue.extend(
+            self.vm
+                .migratable_pages()
+                .into_iter()
+                .filter(|g| !tracked.in_span(dg(*g)) || !tracked.is_set(dg(*g))),
+        );
+        let candidates = match (self.policy, self.vm.write_candidates()) {
+            (Policy::OneShotNarrow, Candidates::Pages(pages)) => {
+                let mut b = bitmap_of(self.guest_pages, pages)?;
+                b.intersect(&tracked);
+                Some(b)
+            }
+            (Policy::OneShotNarrow, Candidates::Unknown) => {
+                self.stats.widened = true;
+                None
+            }
+            _ => None,
+        };
+        self.stop_copy_planned = self.queue.len() as u64
+            + candidates
+                .as_ref()
+                .map_or(tracked.count(), DirtyBitmap::count);
+        self.stats.rehashed = candidates
+            .as_ref()
+            .map_or(tracked.count(), DirtyBitmap::count);
+
+        let mem = self.vm.memory().clone();
+        let hasher = Arc::clone(&self.hasher);
+        let (tx, rx) = sync_channel::<Vec<Gfn>>(4096);
+        let thread = std::thread::spawn(move || -> PipelineResult {
+            let t = Instant::now();
+            let pages = GuestPages::new(&mem).map_err(|e| failed("guest memory", e))?;
+            let sink = |found: &[gmig_dirty::Gfn]| {
+                // A failed send means the session was aborted; the diff just runs out.
+                let _ = tx.send(found.iter().map(|g| Gfn(g.0)).collect());
+            };
+            let dirty = hasher
+                .diff_with(&pages, &snap, candidates.as_ref(), &sink)
+                .map_err(|e| failed("re-hash", e))?;
+            Ok((t.elapsed().as_nanos() as u64, dirty.count()))
+        });
+        self.pipeline = Some(Pipeline { rx, thread });
+        self.phase = Phase::StopCopy;
+        Ok(())
+    }
+
+    /// Produce more stop-copy bytes. Returns `false` once END has been written.
+    fn produce_stop_copy(&mut self) -> Result<bool, DeviceError> {
+        loop {
+            if !self.queue.is_empty() {
+                let n = self.send_queued()?;
+                self.stats.pages_stop_copy += n;
+                return Ok(true);
+            }
+            if let Some(p) = &self.pipeline {
+                if let Ok(dirty) = p.rx.recv() {
+                    self.queue.extend(dirty);
+                    continue;
+                }
+                let p = self
+                    .pipeline
+                    .take()
+                    .ok_or(DeviceError::Failed("pipeline".into()))?;
+                let (ns, _) = p
+                    .thread
+                    .join()
+                    .map_err(|_| DeviceError::Failed("hash pipeline panicked".into()))??;
+                self.stats.hash_ns = ns;
+                continue;
+            }
+            if let Some(states) = self.states.take() {
+                let w = self.writer()?;
+                for (kind, payload) in &states {
+                    w.write_state(*kind, payload)
+                        .map_err(|e| failed("stream", e))?;
+                }
+                return Ok(true);
+            }
+            if let Some(w) = self.writer.take() {
+                let (rest, _) = w.finish().map_err(|e| failed("stream", e))?;
+                // Bytes not yet handed out stay at the front of `rest`.
+                self.tail = rest;
+                self.finished = true;
+                return Ok(true);
+            }
+            return Ok(false);
+        }
+    }
+
+    fn pending(&mut self) -> Option<&mut Vec<u8>> {
+        match self.writer.as_mut() {
+            Some(w) => Some(w.get_mut()),
+            None if self.finished => Some(&mut self.tail),
+            None => None,
+        }
+    }
+}
+
+impl<V: MigratableVm> RunControl for SourceDevice<V> {
+    fn stop(&mut self) -> ArcResult {
+        self.quiesce().map_err(ArcFailure::rolled_back)
+    }
+
+    fn run(&mut self) -> ArcResult {
+        if self.quiesced {
+            self.vm
+                .unquiesce()
+                .map_err(|e| ArcFailure::fatal(DeviceError::Failed(e.to_string())))?;
+            self.quiesced = false;
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> gmig_vfio_migration::device::Result<()> {
+        self.reset_session();
+        self.run().map_err(|f| f.error)
+    }
+}
+
+impl<V: MigratableVm> StateSaver for SourceDevice<V> {
+    fn start_stop_copy(&mut self) -> ArcResult {
+        // STOP -> STOP_COPY: stop-and-copy (no pre-copy) sends every page in downtime.
+        let (quiesce_ns, drained) = (self.stats.quiesce_ns, self.stats.drained);
+        self.reset_session();
+        self.open_stream().map_err(ArcFailure::rolled_back)?;
+        self.stats.quiesce_ns = quiesce_ns;
+        self.stats.drained = drained;
+        self.enter_stop_copy().map_err(ArcFailure::rolled_back)
+    }
+
+    fn end_stop_copy(&mut self) -> ArcResult {
+        self.reset_session();
+        Ok(())
+    }
+
+    fn save_read(&mut self, buf: &mut [u8]) -> gmig_vfio_migration::device::Result<usize> {
+        loop {
+            let pos = self.out_pos;
+            if let Some(out) = self.pending() {
+                if pos < out.len() {
+                    let n = buf.len().min(out.len() - pos);
+                    buf[..n].copy_from_slice(&out[pos..pos + n]);
+                    let new_pos = pos + n;
+                    if new_pos == out.len() {
+                        out.clear();
+                        self.out_pos = 0;
+                    } else {
+                        self.out_pos = new_pos;
+                    }
+                    return Ok(n);
+                }
+            }
+            match self.phase {
+                Phase::PreCopy => {
+                    let n = self.send_queued()?;
+                    if n == 0 {
+                        return Ok(0);
+                    }
+                    self.stats.pages_precopy += n;
+                    self.stats.precopy_batches += 1;
+                    self.first_pass_left = self.first_pass_left.saturating_sub(n);
+                }
+                Phase::StopCopy => {
+                    if !self.produce_stop_copy()? {
+                        return Ok(0);
+                    }
+                }
+                Phase::Idle => return Err(DeviceError::Failed("no saving session".into())),
+            }
+        }
+    }
+
+    fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
+        // An honest upper bound of what STOP_COPY would still produce, counting every page as a
+        // full record: pages still queued, plus every sent page that may have changed — the
+        // sound candidate set where it is known (it covers every write since pre-copy began),
+        // all sent pages where it is not — or, once stopped, what the downtime plan has left.
+        let pages = match self.phase {
+            Phase::Idle => self.vm.migratable_pages().len() as u64,
+            Phase::PreCopy => {
+                let sent = self.snap.as_ref().map_or(0, |s| s.recorded().count());
+                let may_change = match (self.vm.write_candidates(), self.vm.queued_write_bound()) {
+                    (Candidates::Pages(p), Some(queued)) => (p.len() as u64 + queued).min(sent),
+                    _ => sent,
+                };
+                self.queue.len() as u64 + may_change
+            }
+            // While the re-hash runs, any planned page may still go; after it, only the queue.
+            Phase::StopCopy if self.pipeline.is_some() => self
+                .stop_copy_planned
+                .saturating_sub(self.stats.pages_stop_copy),
+            Phase::StopCopy => self.queue.len() as u64,
+        };
+        let per_page = (PAGE_SIZE + crate::stream::PAGE_RECORD_LEN) as u64;
+        let header =
+            (crate::stream::SECTION_HEADER_LEN + crate::stream::PAGE_BATCH_HEADER_LEN) as u64;
+        let stopped = matches!(self.phase, Phase::StopCopy);
+        // Device state still to be written: captured at the stop (and gone once written), or what
+        // a capture now would give.
+        let state: u64 = match (&self.states, stopped) {
+            (Some(s), _) => s.iter().map(|(_, p)| p.len() as u64 + header).sum(),
+            (None, true) => 0,
+            (None, false) => self
+                .vm
+                .save_state()
+                .map_err(|e| failed("save state", e))?
+                .iter()
+                .map(|(_, p)| p.len() as u64 + header)
+                .sum(),
+        };
+        let end = if self.writer.is_some() || !stopped {
+            (crate::stream::SECTION_HEADER_LEN + crate::stream::END_PAYLOAD_LEN) as u64
+        } else {
+            0
+        };
+        let pos = self.out_pos as u64;
+        let pending = self
+            .pending()
+            .map_or(0, |p| (p.len() as u64).saturating_sub(pos));
+        Ok(pages * per_page
+            + pages.div_ceil(self.batch_pages as u64) * header
+            + state
+            + end
+            + pending)
+    }
+
+    fn start_precopy(&mut self) -> ArcResult {
+        self.reset_session();
+        self.open_stream().map_err(ArcFailure::rolled_back)?;
+        let pages = self.vm.migratable_pages();
+        let tracked =
+            bitmap_of(self.guest_pages, pages.iter().copied()).map_err(ArcFailure::rolled_back)?;
+        let snap = HashSnapshot::new(tracked)
+            .map_err(|e| ArcFailure::rolled_back(failed("snapshot", e)))?;
+        self.snap = Some(snap);
+        self.vm.start_write_tracking();
+        self.first_pass_left = pages.len() as u64;
+        self.queue.extend(pages);
+        self.stats.rounds = 1;
+        self.phase = Phase::PreCopy;
+        Ok(())
+    }
+
+    fn abort_precopy(&mut self) -> ArcResult {
+        self.reset_session();
+        Ok(())
+    }
+
+    fn precopy_to_stop_copy(&mut self) -> ArcResult {
+        self.enter_stop_copy().map_err(|e| {
+            // Undo the stop so that the caller's RUNNING request finds a running VM.
+            if self.quiesced && self.vm.unquiesce().is_ok() {
+                self.quiesced = false;
+            }
+            ArcFailure::rolled_back(e)
+        })
+    }
+
+    fn precopy_info(&mut self) -> gmig_vfio_migration::device::Result<PrecopyInfo> {
+        Ok(PrecopyInfo {
+            initial_bytes: self.first_pass_left * PAGE_SIZE as u64,
+            dirty_bytes: self
+                .queue
+                .len()
+                .saturating_sub(self.first_pass_left as usize) as u64
+                * PAGE_SIZE as u64,
+        })
+    }
+}
+
+impl<V: MigratableVm> StateLoader for SourceDevice<V> {
+    fn start_resuming(&mut self) -> ArcResult {
+        Err(ArcFailure::rolled_back(DeviceError::NotSupported(
+            "resuming on a source",
+        )))
+    }
+
+    fn resume_write(&mut self, _data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
+        Err(DeviceError::NotSupported("resuming on a source"))
+    }
+
+    fn finish_resuming(&mut self) -> ArcResult {
+        Err(ArcFailure::rolled_back(DeviceError::NotSupported(
+            "resuming on a source",
+        )))
+    }
+}
+
+impl<V: MigratableVm> DirtyLogging for SourceDevice<V> {}
+
+impl<V: MigratableVm> MigrationDevice for SourceDevice<V> {
+    fn migration_features(&self) -> MigrationFeatures {
+        MigrationFeatures::STOP_COPY.union(MigrationFeatures::PRE_COPY)
+    }
+}
+
+/// Restore and remap times the destination reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreTimes {
+    /// Applying the device-state sections, ns.
+    pub restore_ns: u64,
+    /// Rebasing GGTT addresses onto the destination slices, ns.
+    pub remap_ns: u64,
+}
+
+/// Resuming side: receives a stream into private memory and restores a VM from it only once the
+/// whole stream has validated.
+pub struct DestDevice<F: VmFactory> {
+    factory: F,
+    limits: StreamLimits,
+    decoder: Option<StreamDecoder>,
+    memory: Option<GuestMemoryMmap>,
+    states: Vec<(StateKind, Vec<u8>)>,
+    vm: Option<F::Vm>,
+    times: RestoreTimes,
+    pages: u64,
+    /// Frames written in this session (the factory's memory starts zero-filled).
+    written: Vec<bool>,
+}
+
+impl<F: VmFactory> std::fmt::Debug for DestDevice<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DestDevice")
+            .field("pages", &self.pages)
+            .field("restored", &self.vm.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad_stream(e: StreamError) -> DeviceError {
+    let offset = match e {
+        StreamError::Truncated { offset, .. }
+        | StreamError::Io { offset, .. }
+        | StreamError::BadHeaderField { offset, .. }
+        | StreamError::UnknownSection { offset, .. }
+        | StreamError::UnsupportedSectionVersion { offset, .. }
+        | StreamError::SectionFlags { offset, .. }
+        | StreamError::SectionTooLarge { offset, .. }
+        | StreamError::SectionChecksum { offset, .. }
+        | StreamError::StreamTooLarge { offset, .. }
+        | StreamError::BadPageBatch { offset, .. }
+        | StreamError::PageOutOfRange { offset, .. }
+        | StreamError::BadPageEncoding { offset, .. }
+        | StreamError::EndMismatch { offset, .. }
+        | StreamError::DuplicateSection { offset, .. }
+        | StreamError::MissingSection { offset, .. }
+        | StreamError::TrailingBytes { offset, .. }
+        | StreamError::DecoderOverrun { offset } => offset,
+        _ => 0,
+    };
+    DeviceError::BadStream {
+        offset,
+        reason: e.to_string(),
+    }
+}
+
+impl<F: VmFactory> DestDevice<F> {
+    /// A destination that builds its VM with `factory` and bounds the stream by `limits`.
+    pub fn new(factory: F, limits: StreamLimits) -> Self {
+        Self {
+            factory,
+            limits,
+            decoder: None,
+            memory: None,
+            states: Vec::new(),
+            vm: None,
+            times: RestoreTimes::default(),
+            pages: 0,
+            written: Vec::new(),
+        }
+    }
+
+    /// Whether the stream's header has arrived and was accepted.
+    pub fn header_accepted(&self) -> bool {
+        self.decoder.as_ref().is_some_and(|d| d.header().is_some())
+    }
+
+    /// Whether END has arrived (the stream is complete and consistent).
+    pub fn stream_complete(&self) -> bool {
+        self.decoder
+            .as_ref()
+            .is_some_and(|d| d.finished().is_some())
+    }
+
+    /// Whether a restored VM exists.
+    pub fn restored(&self) -> bool {
+        self.vm.is_some()
+    }
+
+    /// Restore and remap times of the last restore.
+    pub fn times(&self) -> RestoreTimes {
+        self.times
+    }
+
+    /// Page records received.
+    pub fn pages_received(&self) -> u64 {
+        self.pages
+    }
+
+    /// Take the restored VM (after RESUMING → STOP succeeded).
+    pub fn take_vm(&mut self) -> Option<F::Vm> {
+        self.vm.take()
+    }
+
+    fn discard(&mut self) {
+        self.decoder = None;
+        self.memory = None;
+        self.states.clear();
+        self.pages = 0;
+        self.written = Vec::new();
+    }
+
+    fn apply(&mut self, section: Section) -> Result<(), DeviceError> {
+        match section {
+            Section::Pages(batch) => {
+                let mem = self
+                    .memory
+                    .as_ref()
+                    .ok_or(DeviceError::Failed("no staging memory".into()))?;
+                let zero = [0u8; PAGE_SIZE];
+                for (gfn, data) in batch.iter() {
+                    let slot = usize::try_from(gfn.0).ok();
+                    let seen = slot.and_then(|i| self.written.get(i)).copied();
+                    let page = match data {
+                        // Fresh guest memory reads as zero: a zero page for a frame this stream
+                        // has not written yet needs no write (and no page fault).
+                        PageData::Zero if seen == Some(false) => {
+                            self.pages += 1;
+                            continue;
+                        }
+                        PageData::Zero => &zero,
+                        PageData::Full(p) => p,
+                    };
+                    let addr = gfn
+                        .addr()
+                        .ok_or(DeviceError::Failed("frame overflow".into()))?;
+                    mem.write_slice(page, addr)
+                        .map_err(|e| DeviceError::BadStream {
+                            offset: 0,
+                            reason: format!("frame 0x{:x} not in guest memory: {e}", gfn.0),
+                        })?;
+                    if let Some(w) = slot.and_then(|i| self.written.get_mut(i)) {
+                        *w = true;
+                    }
+                    self.pages += 1;
+                }
+            }
+            Section::State { kind, payload } => self.states.push((kind, payload)),
+            Section::End(_) => {}
+        }
+        Ok(())
+    }
+}
+
+impl<F: VmFactory> RunControl for DestDevice<F> {
+    fn stop(&mut self) -> ArcResult {
+        Ok(())
+    }
+
+    fn run(&mut self) -> ArcResult {
+        if let Some(vm) = self.vm.as_mut() {
+            vm.unquiesce()
+                .map_err(|e| ArcFailure::rolled_back(DeviceError::Failed(e.to_string())))?;
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> gmig_vfio_migration::device::Result<()> {
+        self.discard();
+        self.vm = None;
+        Ok(())
+    }
+}
+
+impl<F: VmFactory> StateSaver for DestDevice<F> {
+    fn start_stop_copy(&mut self) -> ArcResult {
+        Err(ArcFailure::rolled_back(DeviceError::NotSupported(
+            "saving on a destination",
+        )))
+    }
+
+    fn save_read(&mut self, _buf: &mut [u8]) -> gmig_vfio_migration::device::Result<usize> {
+        Err(DeviceError::NotSupported("saving on a destination"))
+    }
+
+    fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
+        Ok(0)
+    }
+}
+
+impl<F: VmFactory> StateLoader for DestDevice<F> {
+    fn start_resuming(&mut self) -> ArcResult {
+        self.discard();
+        self.vm = None;
+        self.decoder = Some(StreamDecoder::new(
+            self.limits,
+            Some(self.factory.compatibility()),
+        ));
+        Ok(())
+    }
+
+    fn resume_write(&mut self, data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
+        // Feed in slices no larger than one maximal section so the decoder's bound holds.
+        let step = (self.limits.max_section_len as usize).max(4096);
+        for piece in data.chunks(step) {
+            let decoder = self
+                .decoder
+                .as_mut()
+                .ok_or(DeviceError::Failed("not resuming".into()))?;
+            decoder.feed(piece).map_err(bad_stream)?;
+            loop {
+                let decoder = self
+                    .decoder
+                    .as_mut()
+                    .ok_or(DeviceError::Failed("not resuming".into()))?;
+                let section = decoder.next_section().map_err(bad_stream)?;
+                if self.memory.is_none() {
+                    if let Some(header) = decoder.header().copied() {
+                        let mem = self
+                            .factory
+                            .create_memory(&header)
+                            .map_err(|e| DeviceError::Failed(e.to_string()))?;
+                        self.memory = Some(mem);
+                        // Bounded: the header's guest size passed `max_guest_pages`.
+                        self.written =
+                            vec![false; usize::try_from(header.guest_pages).unwrap_or(0)];
+                    }
+                }
+                match section {
+                    Some(s) => self.apply(s)?,
+                    None => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_resuming(&mut self) -> ArcResult {
+        let fail =
+            |reason: String| ArcFailure::rolled_back(DeviceError::BadStream { offset: 0, reason });
+        let Some(decoder) = self.decoder.as_ref() else {
+            return Err(fail("no stream received".into()));
+        };
+        if decoder.finished().is_none() {
+            let at = decoder.bytes_fed();
+            self.discard();
+            return Err(ArcFailure::rolled_back(DeviceError::BadStream {
+                offset: at,
+                reason: "stream incomplete: END missing".into(),
+            }));
+        }
+        let header = *decoder.header().ok_or_else(|| fail("no header".into()))?;
+        let Some(memory) = self.memory.take() else {
+            return Err(fail("no memory".into()));
+        };
+        let states = std::mem::take(&mut self.states);
+        match self.factory.restore(&header, memory, &states) {
+            Ok((vm, times)) => {
+                self.vm = Some(vm);
+                self.times = times;
+                self.decoder = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.discard();
+                Err(fail(format!("restore refused: {e}")))
+            }
+        }
+    }
+}
+
+impl<F: VmFactory> DirtyLogging for DestDevice<F> {}
+
+impl<F: VmFactory> MigrationDevice for DestDevice<F> {}

@@ -1,0 +1,401 @@
+//! The reference vGPU and its guest driver as a [`MigratableVm`], and the destination factory that
+//! restores it onto other slices.
+//!
+//! **Stepping.** One step is what the guest does per frame: wait for the previous frame (the vGPU
+//! runs whatever is still queued, the driver checks the status pages), then build and submit the
+//! next frame without waiting for it. So at every step boundary the last frame's workloads are in
+//! flight: a stop drains at most N of them and carries the rest across, and the destination runs
+//! them first, in the same order as an unmigrated run would.
+//!
+//! **The guest's side.** The guest driver model is guest software (its state lives in guest RAM and
+//! vCPU state, which the VMM migrates, not the vGPU). The stream carries the vGPU and guest memory;
+//! the driver object itself is handed over with [`VgpuVm::take_driver`] /
+//! [`VgpuVm::attach_driver`] where both ends share a process (`gmig demo`, tests).
+//!
+//! **Device-state sections.** The checkpoint ([`crate::checkpoint::VgpuState`]) is split over the
+//! six typed sections (postcard each): config and slices, registers, GGTT, PPGTT roots, engines
+//! (execlist and context state, statistics, faults), queued workloads.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use gmig_cmdparser::{Gen, SliceMove, VgpuSlices, WriteSet};
+use serde::{de::DeserializeOwned, Serialize};
+use vm_memory::GuestMemoryMmap;
+
+use super::{Candidates, MigratableVm, RestoreTimes, VmError, VmFactory};
+use crate::checkpoint::{RestoreOptions, VgpuState};
+use crate::gm::{Gfn, VgpuType, MIB, PAGE_SIZE};
+use crate::gtt::{new_guest_ram, ram_size, Space};
+use crate::mmio::lrc;
+use crate::stream::{Compatibility, GpuGeneration, StateKind, StreamHeader, VgpuTypeId};
+use crate::vgpu::{Vgpu, VgpuConfig, WriteLog};
+use crate::workload::{GuestDriver, Profile, WorkloadConfig};
+
+fn vm_err(what: &str, e: impl std::fmt::Display) -> VmError {
+    VmError(format!("{what}: {e}"))
+}
+
+/// The wire name of a GPU generation.
+pub fn generation_of(gen: Gen) -> GpuGeneration {
+    match gen {
+        Gen::Gen8 => GpuGeneration::Gen8,
+        Gen::Gen9 => GpuGeneration::Gen9,
+        Gen::Gen11 => GpuGeneration::Gen11,
+    }
+}
+
+/// The wire name of a vGPU type.
+pub fn type_id(ty: VgpuType) -> VgpuTypeId {
+    VgpuTypeId {
+        aperture_mib: (ty.aperture_size() / MIB) as u32,
+        hidden_mib: (ty.hidden_size() / MIB) as u32,
+    }
+}
+
+/// Parse `"64+384"`-style vGPU type names (aperture+hidden MiB) or the GVT-g names.
+pub fn parse_vgpu_type(s: &str) -> Option<VgpuType> {
+    VgpuType::ALL.into_iter().find(|t| {
+        let id = type_id(*t);
+        s == t.name() || s == format!("{}+{}", id.aperture_mib, id.hidden_mib)
+    })
+}
+
+/// A reference vGPU on guest RAM, with (on the side that runs it) the guest driver.
+#[derive(Debug)]
+pub struct VgpuVm {
+    vgpu: Vgpu,
+    driver: Option<GuestDriver>,
+    tracking: Option<(WriteLog, BTreeSet<Gfn>)>,
+}
+
+impl VgpuVm {
+    /// Boot a guest: a vGPU of type `ty` in `slices` on `ram_bytes` of guest RAM, and the guest
+    /// driver for `profile`.
+    pub fn boot(
+        ty: VgpuType,
+        slices: VgpuSlices,
+        ram_bytes: u64,
+        profile: Profile,
+        wcfg: WorkloadConfig,
+        seed: u64,
+    ) -> Result<Self, VmError> {
+        let ram = usize::try_from(ram_bytes).map_err(|e| vm_err("guest RAM size", e))?;
+        let mem = new_guest_ram(ram).map_err(|e| vm_err("guest RAM", e))?;
+        let mut vgpu =
+            Vgpu::new(VgpuConfig::new(ty, 1), slices, mem).map_err(|e| vm_err("vGPU", e))?;
+        let driver = GuestDriver::boot(&mut vgpu, profile, wcfg, seed)
+            .map_err(|e| vm_err("guest driver", e))?;
+        Ok(Self {
+            vgpu,
+            driver: Some(driver),
+            tracking: None,
+        })
+    }
+
+    /// The vGPU.
+    pub fn vgpu(&self) -> &Vgpu {
+        &self.vgpu
+    }
+
+    /// Take the guest driver (to hand it to the destination with the rest of the guest).
+    pub fn take_driver(&mut self) -> Option<GuestDriver> {
+        self.driver.take()
+    }
+
+    /// Attach the guest driver (on the destination, after the migration).
+    pub fn attach_driver(&mut self, driver: GuestDriver) {
+        self.driver = Some(driver);
+    }
+
+    /// Let the guest wait for its last frame: the vGPU runs everything queued.
+    pub fn finish(&mut self) -> Result<(), VmError> {
+        let d = self
+            .driver
+            .as_mut()
+            .ok_or(VmError("no guest driver attached".into()))?;
+        d.wait(&mut self.vgpu).map_err(|e| vm_err("wait", e))?;
+        Ok(())
+    }
+
+    /// Run the workloads still queued (on a destination with no guest driver attached: the
+    /// carried queue). Returns how many ran.
+    pub fn run_queued(&mut self) -> usize {
+        self.vgpu.run_until_idle()
+    }
+
+    /// Run `n` steps.
+    pub fn run_steps(&mut self, n: u64) -> Result<(), VmError> {
+        for _ in 0..n {
+            self.step()?;
+        }
+        Ok(())
+    }
+
+    /// Frames the guest has submitted.
+    pub fn frames(&self) -> u64 {
+        self.driver.as_ref().map_or(0, GuestDriver::frame)
+    }
+
+    /// Pages holding the context state the vGPU writes back (ring head) when a workload
+    /// completes. These writes are the device's own, not a command's, so they are added to the
+    /// candidate set explicitly.
+    fn context_state_pages(&self) -> Vec<Gfn> {
+        let view = self.vgpu.guest_gpu_view(None);
+        self.vgpu
+            .ctx_heads
+            .keys()
+            .filter_map(|lrca| {
+                let addr = lrca.checked_add(lrc::STATE_OFFSET + 4 * lrc::RING_HEAD as u64)?;
+                view.translate(Space::Ggtt, addr).ok().map(Gfn::containing)
+            })
+            .collect()
+    }
+}
+
+impl MigratableVm for VgpuVm {
+    fn stream_header(&self) -> StreamHeader {
+        let cfg = self.vgpu.config();
+        let host = self.vgpu.host_slices();
+        StreamHeader::new(
+            generation_of(cfg.gen),
+            type_id(cfg.ty),
+            host.aperture.base.0,
+            host.hidden.base.0,
+            ram_size(self.vgpu.guest_memory()) / PAGE_SIZE,
+        )
+    }
+
+    fn memory(&self) -> &GuestMemoryMmap {
+        self.vgpu.guest_memory()
+    }
+
+    fn migratable_pages(&self) -> Vec<Gfn> {
+        // All of guest RAM: the GTT-backed pages plus the rest the VMM migrates anyway (mostly
+        // zero pages, which travel as markers).
+        (0..ram_size(self.vgpu.guest_memory()) / PAGE_SIZE)
+            .map(Gfn)
+            .collect()
+    }
+
+    fn step(&mut self) -> Result<(), VmError> {
+        let d = self
+            .driver
+            .as_mut()
+            .ok_or(VmError("no guest driver attached".into()))?;
+        d.wait(&mut self.vgpu).map_err(|e| vm_err("wait", e))?;
+        if self.vgpu.is_accepting() {
+            d.submit_frame(&mut self.vgpu)
+                .map_err(|e| vm_err("submit", e))?;
+        }
+        Ok(())
+    }
+
+    fn start_write_tracking(&mut self) {
+        // Forget what happened before: pages are hashed from now on.
+        let _ = self.vgpu.take_write_log();
+        if let Some(d) = self.driver.as_mut() {
+            let _ = d.take_cpu_dirty();
+        }
+        self.tracking = Some((WriteLog::default(), BTreeSet::new()));
+    }
+
+    fn stop_write_tracking(&mut self) {
+        self.tracking = None;
+    }
+
+    fn write_candidates(&mut self) -> Candidates {
+        let log = self.vgpu.take_write_log();
+        let cpu = self
+            .driver
+            .as_mut()
+            .map(GuestDriver::take_cpu_dirty)
+            .unwrap_or_default();
+        let ctx = self.context_state_pages();
+        let Some((acc, acc_cpu)) = self.tracking.as_mut() else {
+            return Candidates::Unknown;
+        };
+        acc.merge(log);
+        acc_cpu.extend(cpu);
+        if acc.unknown || self.driver.is_none() {
+            return Candidates::Unknown;
+        }
+        let mut pages: BTreeSet<Gfn> = acc.candidate.clone();
+        pages.extend(acc_cpu.iter().copied());
+        pages.extend(ctx);
+        Candidates::Pages(pages.into_iter().collect())
+    }
+
+    fn quiesce(&mut self, max_drain: usize) -> Result<usize, VmError> {
+        Ok(self.vgpu.pause(max_drain).executed)
+    }
+
+    fn queued_write_bound(&self) -> Option<u64> {
+        // Each queued workload's commands, decoded as the engine will run them: their write sets
+        // bound what they may touch (an unknown one bounds nothing). Completing a workload also
+        // writes its status page (seqno, CSB) and its context's ring head: two pages more.
+        let gen = self.vgpu.config().gen;
+        let mut pages = 0u64;
+        for w in &self.vgpu.queue {
+            let engine = crate::shadow::parser_engine(w.engine);
+            for cmd in &w.commands {
+                let d = gmig_cmdparser::decode_one(gen, engine, &cmd.dwords, 0).ok()?;
+                match d.write_set(&cmd.ctx) {
+                    WriteSet::Nothing => {}
+                    WriteSet::Unknown => return None,
+                    WriteSet::Ranges(ranges) => {
+                        for r in ranges {
+                            let first = r.start / PAGE_SIZE;
+                            let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
+                            pages = pages.saturating_add(last - first + 1);
+                        }
+                    }
+                }
+            }
+            pages = pages.saturating_add(2);
+        }
+        Some(pages)
+    }
+
+    fn unquiesce(&mut self) -> Result<(), VmError> {
+        self.vgpu.resume();
+        Ok(())
+    }
+
+    fn save_state(&self) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
+        let s = self.vgpu.save();
+        fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, VmError> {
+            postcard::to_stdvec(v).map_err(|e| vm_err("encode", e))
+        }
+        Ok(vec![
+            (
+                StateKind::DeviceConfig,
+                enc(&(s.cfg, s.guest_view, s.host, s.remap, s.next_seq))?,
+            ),
+            (StateKind::Registers, enc(&(&s.vregs, &s.sregs))?),
+            (StateKind::Ggtt, enc(&s.ggtt)?),
+            (StateKind::Ppgtt, enc(&s.ppgtt_roots)?),
+            (
+                StateKind::Engines,
+                enc(&(&s.engines, &s.ctx_heads, &s.stats, &s.faults, s.accepting))?,
+            ),
+            (StateKind::Workloads, enc(&s.queue)?),
+        ])
+    }
+}
+
+fn dec<T: DeserializeOwned>(
+    states: &[(StateKind, Vec<u8>)],
+    kind: StateKind,
+) -> Result<T, VmError> {
+    let bytes = states
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, b)| b.as_slice())
+        .ok_or_else(|| VmError(format!("device-state section {kind:?} missing")))?;
+    postcard::from_bytes(bytes).map_err(|e| vm_err(&format!("device-state section {kind:?}"), e))
+}
+
+/// Builds vGPUs on a destination host whose slices for the incoming vGPU are `slices`.
+#[derive(Debug, Clone)]
+pub struct VgpuFactory {
+    /// GPU generation of this host.
+    pub gen: Gen,
+    /// vGPU type set up for the incoming guest.
+    pub ty: VgpuType,
+    /// Where this host placed the vGPU's slices.
+    pub slices: VgpuSlices,
+    /// Guest RAM of the incoming VM, in bytes (the stream must agree).
+    pub ram_bytes: u64,
+    /// Restore options (remapping off only for negative controls).
+    pub opts: RestoreOptions,
+}
+
+impl VmFactory for VgpuFactory {
+    type Vm = VgpuVm;
+
+    fn compatibility(&self) -> Compatibility {
+        Compatibility {
+            generation: generation_of(self.gen),
+            vgpu_type: type_id(self.ty),
+        }
+    }
+
+    fn create_memory(&mut self, header: &StreamHeader) -> Result<GuestMemoryMmap, VmError> {
+        let bytes = header.guest_pages.checked_mul(PAGE_SIZE);
+        if bytes != Some(self.ram_bytes) {
+            return Err(VmError(format!(
+                "stream carries {} pages of guest RAM, this destination set up {} bytes",
+                header.guest_pages, self.ram_bytes
+            )));
+        }
+        let ram = usize::try_from(self.ram_bytes).map_err(|e| vm_err("guest RAM size", e))?;
+        new_guest_ram(ram).map_err(|e| vm_err("guest RAM", e))
+    }
+
+    fn restore(
+        &mut self,
+        header: &StreamHeader,
+        memory: GuestMemoryMmap,
+        states: &[(StateKind, Vec<u8>)],
+    ) -> Result<(VgpuVm, RestoreTimes), VmError> {
+        let t = Instant::now();
+        let (cfg, guest_view, host, remap, next_seq): (
+            VgpuConfig,
+            VgpuSlices,
+            VgpuSlices,
+            bool,
+            u64,
+        ) = dec(states, StateKind::DeviceConfig)?;
+        if cfg.ty != self.ty || cfg.gen != self.gen {
+            return Err(VmError("device config disagrees with the header".into()));
+        }
+        if host.aperture.base.0 != header.src_aperture_base
+            || host.hidden.base.0 != header.src_hidden_base
+        {
+            return Err(VmError(
+                "device config and header disagree on the source slices".into(),
+            ));
+        }
+        let (vregs, sregs) = dec(states, StateKind::Registers)?;
+        let ggtt = dec(states, StateKind::Ggtt)?;
+        let ppgtt_roots = dec(states, StateKind::Ppgtt)?;
+        let (engines, ctx_heads, stats, faults, accepting) = dec(states, StateKind::Engines)?;
+        let queue = dec(states, StateKind::Workloads)?;
+        let state = VgpuState {
+            cfg,
+            guest_view,
+            host,
+            remap,
+            vregs,
+            sregs,
+            ggtt,
+            engines,
+            queue,
+            accepting,
+            faults,
+            stats,
+            ppgtt_roots,
+            next_seq,
+            ctx_heads,
+        };
+        // Slices must be a valid move (checked again inside restore, all or nothing).
+        SliceMove::new(host, self.slices).map_err(|e| vm_err("slice move", e))?;
+        let restore_ns = t.elapsed().as_nanos() as u64;
+        let t = Instant::now();
+        let vgpu = Vgpu::restore(&state, memory, self.slices, self.opts)
+            .map_err(|e| vm_err("restore", e))?;
+        let remap_ns = t.elapsed().as_nanos() as u64;
+        Ok((
+            VgpuVm {
+                vgpu,
+                driver: None,
+                tracking: None,
+            },
+            RestoreTimes {
+                restore_ns,
+                remap_ns,
+            },
+        ))
+    }
+}

@@ -1,0 +1,214 @@
+//! The migration engine on the reference vGPU: every policy × profile over TCP ends identical to
+//! the unmigrated run; a failed migration leaves the source running with nothing lost.
+
+use std::net::SocketAddr;
+use std::thread;
+use std::time::Duration;
+
+use gmig_core::checkpoint::RestoreOptions;
+use gmig_core::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use gmig_core::migration::vgpu_vm::{VgpuFactory, VgpuVm};
+use gmig_core::migration::{
+    migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
+    MigrationError, MigrationPhase, MigrationReport, Policy,
+};
+use gmig_core::transport::{Connection, Counted, Endpoint};
+use gmig_core::vgpu::compare_guest_visible;
+use gmig_core::workload::{Profile, WorkloadConfig};
+use gmig_vfio_migration::{DeviceState, MigrationTarget};
+
+const RAM: u64 = 48 << 20;
+const TY: VgpuType = VgpuType::V5_8;
+const BEFORE: u64 = 3;
+const AFTER: u64 = 3;
+
+fn slices() -> (VgpuSlices, VgpuSlices) {
+    let mut src = PartitionManager::new(HostConfig::default()).unwrap();
+    let (_, s) = src.place(TY).unwrap();
+    let mut dst = PartitionManager::new(HostConfig::default()).unwrap();
+    dst.place(VgpuType::V5_4).unwrap();
+    let (_, d) = dst.place_avoiding(TY, Some(&s)).unwrap();
+    assert_ne!(s.aperture.base, d.aperture.base);
+    assert_ne!(s.hidden.base, d.hidden.base);
+    (s, d)
+}
+
+fn boot(profile: Profile, seed: u64, s: VgpuSlices) -> VgpuVm {
+    VgpuVm::boot(TY, s, RAM, profile, WorkloadConfig::small(), seed).unwrap()
+}
+
+fn cfg(policy: Policy) -> MigrationConfig {
+    let mut c = MigrationConfig::new(policy);
+    c.hash_threads = 2;
+    c.step_every_batches = 16;
+    c.max_drain = 1;
+    c.timeout = Duration::from_secs(20);
+    c
+}
+
+fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
+    let l = Endpoint::Tcp("127.0.0.1:0".parse::<SocketAddr>().unwrap())
+        .listen()
+        .unwrap();
+    let ep = l.endpoint().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap());
+    let a = ep.connect().unwrap();
+    (a, t.join().unwrap())
+}
+
+fn factory(d: VgpuSlices, remap: bool) -> VgpuFactory {
+    VgpuFactory {
+        gen: gmig_cmdparser::Gen::Gen9,
+        ty: TY,
+        slices: d,
+        ram_bytes: RAM,
+        opts: RestoreOptions { remap },
+    }
+}
+
+/// Migrate mid-run over TCP, continue on the destination; compare with an unmigrated run of the
+/// same number of frames. Returns the report and whether the states are identical.
+fn differential(
+    profile: Profile,
+    seed: u64,
+    policy: Policy,
+    remap: bool,
+) -> (MigrationReport, bool) {
+    let (s, d) = slices();
+    let mut vm = boot(profile, seed, s);
+    vm.run_steps(BEFORE).unwrap();
+    let c = cfg(policy);
+    let c2 = c.clone();
+    let (a, b) = tcp_pair();
+    let f = factory(d, remap);
+    let dest = thread::spawn(move || migrate_destination(f, b, &c2));
+    let mut handle = source_handle(vm, &c).unwrap();
+    let report = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap();
+    let mut src = handle.into_device().into_vm();
+    let (mut moved, _) = dest.join().unwrap().unwrap();
+    moved.attach_driver(src.take_driver().unwrap());
+    moved.run_steps(AFTER).unwrap();
+    moved.finish().unwrap();
+
+    let mut reference = boot(profile, seed, s);
+    reference.run_steps(moved.frames()).unwrap();
+    reference.finish().unwrap();
+    assert_eq!(reference.frames(), moved.frames());
+    let diff = compare_guest_visible(reference.vgpu(), moved.vgpu());
+    (report, diff.is_identical())
+}
+
+#[test]
+fn every_policy_and_profile_over_tcp_equals_the_unmigrated_run() {
+    for profile in Profile::ALL {
+        for policy in Policy::ALL {
+            let (r, identical) = differential(profile, 11, policy, true);
+            assert!(identical, "{profile:?} {policy:?}: {r:?}");
+            assert_eq!(r.pages_total, r.pages_precopy + r.pages_stop_copy);
+            if policy != Policy::StopAndCopy {
+                assert!(r.steps_during_precopy > 0, "{profile:?} {policy:?}: {r:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn without_remapping_the_migrated_vgpu_differs() {
+    let (_, identical) = differential(Profile::Desktop, 3, Policy::OneShotNarrow, false);
+    assert!(!identical, "the negative control must differ");
+}
+
+#[test]
+fn narrow_cuts_desktop_stop_copy_pages_by_at_least_80_percent() {
+    let (sac, ok1) = differential(Profile::Desktop, 5, Policy::StopAndCopy, true);
+    let (narrow, ok2) = differential(Profile::Desktop, 5, Policy::OneShotNarrow, true);
+    let (oneshot, ok3) = differential(Profile::Desktop, 5, Policy::OneShot, true);
+    assert!(ok1 && ok2 && ok3);
+    assert!(
+        narrow.pages_stop_copy * 5 <= sac.pages_stop_copy,
+        "narrow {} vs stop-and-copy {}",
+        narrow.pages_stop_copy,
+        sac.pages_stop_copy
+    );
+    assert!(!narrow.widened);
+    assert!(
+        narrow.pages_rehashed * 10 < oneshot.pages_rehashed,
+        "{narrow:?} {oneshot:?}"
+    );
+    // The 3d profile's draws have unknown write sets: narrowing must widen there.
+    let (three_d, ok) = differential(Profile::ThreeD, 5, Policy::OneShotNarrow, true);
+    assert!(ok);
+    assert!(three_d.widened, "{three_d:?}");
+}
+
+#[test]
+fn a_failed_migration_leaves_the_vgpu_running_with_nothing_lost() {
+    let (s, d) = slices();
+    for (cut, bad_slices) in [(Some(300_000u64), false), (None, true)] {
+        let mut vm = boot(Profile::Desktop, 9, s);
+        vm.run_steps(BEFORE).unwrap();
+        let c = cfg(Policy::OneShot);
+        let c2 = c.clone();
+        let (a, b) = tcp_pair();
+        // A destination whose slices are not a valid move for this vGPU refuses at restore.
+        let mut f = factory(d, true);
+        if bad_slices {
+            f.slices.aperture.size /= 2;
+        }
+        let dest = thread::spawn(move || migrate_destination(f, b, &c2).map(|_| ()));
+        let mut handle = source_handle(vm, &c).unwrap();
+        let a: Box<dyn Connection> = match cut {
+            Some(n) => Box::new(Counted::new(a).cut_after(n)),
+            None => a,
+        };
+        let err = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap_err();
+        assert!(dest.join().unwrap().is_err());
+        match (&err, cut) {
+            (MigrationError::Rejected { phase, .. }, None) => {
+                assert_eq!(*phase, MigrationPhase::Restore);
+            }
+            (e, Some(_)) => assert_eq!(MigrationPhase::from(e), MigrationPhase::PreCopy),
+            (e, None) => panic!("unexpected {e}"),
+        }
+        assert_eq!(
+            MigrationTarget::state(&mut handle).unwrap(),
+            DeviceState::Running
+        );
+        let mut src = handle.into_device().into_vm();
+        assert!(src.vgpu().is_accepting());
+        src.run_steps(AFTER).unwrap();
+        src.finish().unwrap();
+        let mut reference = boot(Profile::Desktop, 9, s);
+        reference.run_steps(src.frames()).unwrap();
+        reference.finish().unwrap();
+        let diff = compare_guest_visible(reference.vgpu(), src.vgpu());
+        assert!(diff.is_identical(), "after {err}: {diff:?}");
+        let _ = src.stream_header();
+    }
+}
+
+#[test]
+fn mig_data_size_bounds_the_vgpu_stop_copy_bytes() {
+    use gmig_vfio_migration::ReadOutcome;
+    let (s, _) = slices();
+    for profile in [Profile::Desktop, Profile::ThreeD] {
+        let mut vm = boot(profile, 2, s);
+        vm.run_steps(BEFORE).unwrap();
+        let mut h = source_handle(vm, &cfg(Policy::OneShotNarrow)).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        MigrationTarget::set_state(&mut h, DeviceState::PreCopy).unwrap();
+        while let ReadOutcome::Data(_) = MigrationTarget::read_data(&mut h, &mut buf).unwrap() {}
+        h.device_mut().vm_mut().run_steps(2).unwrap();
+        let estimate = MigrationTarget::stop_copy_size(&mut h).unwrap();
+        MigrationTarget::set_state(&mut h, DeviceState::StopCopy).unwrap();
+        let mut actual = 0u64;
+        while let ReadOutcome::Data(n) = MigrationTarget::read_data(&mut h, &mut buf).unwrap() {
+            actual += n as u64;
+        }
+        assert!(
+            estimate >= actual,
+            "{profile:?}: estimate {estimate} < actual {actual}"
+        );
+        eprintln!("{profile:?}: MIG_DATA_SIZE {estimate} for {actual} bytes of stop-copy");
+    }
+}

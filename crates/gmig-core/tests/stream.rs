@@ -1,0 +1,610 @@
+//! The migration stream format: round trips, and every way a stream can be refused.
+
+use std::io::{self, Read};
+
+use gmig_core::stream::{
+    load, Compatibility, Control, Gfn, GpuGeneration, PageBatch, PageData, Section, StateKind,
+    StreamError, StreamHeader, StreamLimits, StreamReader, StreamWriter, VgpuTypeId, HEADER_LEN,
+    KIND_PAGES, MAX_PAGES_PER_BATCH, PAGE_SIZE, SECTION_HEADER_LEN,
+};
+use proptest::prelude::*;
+
+const TYPE_SMALL: VgpuTypeId = VgpuTypeId {
+    aperture_mib: 64,
+    hidden_mib: 384,
+};
+
+fn header() -> StreamHeader {
+    StreamHeader::new(
+        GpuGeneration::Gen9,
+        TYPE_SMALL,
+        0x0800_0000,
+        0x1_0000_0000,
+        1024,
+    )
+}
+
+fn compat() -> Compatibility {
+    Compatibility {
+        generation: GpuGeneration::Gen9,
+        vgpu_type: TYPE_SMALL,
+    }
+}
+
+fn page(fill: u8) -> [u8; PAGE_SIZE] {
+    let mut p = [fill; PAGE_SIZE];
+    p[17] = fill.wrapping_add(1);
+    p
+}
+
+/// A small but complete stream: two page batches (full and zero pages), all six state sections.
+fn recorded() -> Vec<u8> {
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    let mut b = PageBatch::new();
+    assert!(b.push(Gfn(3), &page(0xaa)));
+    assert!(b.push(Gfn(4), &[0; PAGE_SIZE]));
+    assert!(b.push(Gfn(1023), &page(0x55)));
+    w.write_pages(&b).unwrap();
+    let mut b2 = PageBatch::new();
+    b2.push(Gfn(0), &[0; PAGE_SIZE]);
+    b2.push(Gfn(3), &page(0x11));
+    w.write_pages(&b2).unwrap();
+    for (i, kind) in StateKind::ALL.into_iter().enumerate() {
+        let payload: Vec<u8> = (0..(i * 7 + 3)).map(|x| (x * 31 + i) as u8).collect();
+        w.write_state(kind, &payload).unwrap();
+    }
+    let (bytes, summary) = w.finish().unwrap();
+    assert_eq!(summary.pages, 5);
+    assert_eq!(summary.zero_pages, 2);
+    assert_eq!(summary.sections, 8);
+    assert_eq!(summary.bytes, bytes.len() as u64);
+    bytes
+}
+
+#[test]
+fn round_trip_preserves_every_page_and_section() {
+    let bytes = recorded();
+    let loaded = load(&bytes[..], StreamLimits::default(), Some(&compat())).unwrap();
+    assert_eq!(loaded.header, header());
+    assert_eq!(loaded.summary.pages, 5);
+    assert_eq!(loaded.summary.bytes, bytes.len() as u64);
+    let pages: Vec<(Gfn, Option<u8>)> = loaded
+        .batches
+        .iter()
+        .flat_map(PageBatch::iter)
+        .map(|(g, d)| match d {
+            PageData::Zero => (g, None),
+            PageData::Full(p) => {
+                assert_eq!(p[17], p[0].wrapping_add(1));
+                (g, Some(p[0]))
+            }
+        })
+        .collect();
+    assert_eq!(
+        pages,
+        vec![
+            (Gfn(3), Some(0xaa)),
+            (Gfn(4), None),
+            (Gfn(1023), Some(0x55)),
+            (Gfn(0), None),
+            (Gfn(3), Some(0x11)),
+        ]
+    );
+    let kinds: Vec<StateKind> = loaded.states.iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, StateKind::ALL.to_vec());
+    assert_eq!(loaded.states[2].1.len(), 2 * 7 + 3);
+}
+
+#[test]
+fn zero_pages_travel_as_markers() {
+    let mut b = PageBatch::new();
+    b.push(Gfn(1), &[0; PAGE_SIZE]);
+    assert_eq!(b.payload_len(), 8 + 16);
+    b.push(Gfn(2), &page(1));
+    assert_eq!(b.payload_len(), 8 + 16 + 16 + PAGE_SIZE);
+    assert_eq!(b.zero_pages(), 1);
+}
+
+#[test]
+fn batch_refuses_more_than_its_maximum() {
+    let mut b = PageBatch::new();
+    for i in 0..MAX_PAGES_PER_BATCH {
+        assert!(b.push(Gfn(u64::from(i)), &[0; PAGE_SIZE]));
+    }
+    assert!(b.is_full());
+    assert!(!b.push(Gfn(0), &[0; PAGE_SIZE]));
+    b.clear();
+    assert!(b.is_empty());
+    assert_eq!(b.iter().count(), 0);
+}
+
+#[test]
+fn bad_magic_is_refused() {
+    let mut bytes = recorded();
+    bytes[0] = b'X';
+    let err = load(&bytes[..], StreamLimits::default(), None).unwrap_err();
+    assert!(
+        matches!(err, StreamError::BadMagic { found } if found[0] == b'X'),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_header_crc_is_refused() {
+    let mut bytes = recorded();
+    bytes[30] ^= 0x40; // inside the hidden base
+    let err = load(&bytes[..], StreamLimits::default(), None).unwrap_err();
+    assert!(matches!(err, StreamError::HeaderChecksum { .. }), "{err}");
+}
+
+fn rewrite_header(bytes: &mut [u8], edit: impl FnOnce(&mut [u8])) {
+    edit(&mut bytes[..HEADER_LEN]);
+    let crc = crc32fast::hash(&bytes[..HEADER_LEN - 4]);
+    bytes[HEADER_LEN - 4..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[test]
+fn newer_minor_and_other_major_versions_are_refused() {
+    let mut newer = recorded();
+    rewrite_header(&mut newer, |h| h[10] = 1);
+    let err = load(&newer[..], StreamLimits::default(), None).unwrap_err();
+    assert_eq!(err, StreamError::UnsupportedVersion { major: 1, minor: 1 });
+    assert!(err.to_string().contains("1.1"), "{err}");
+
+    let mut major = recorded();
+    rewrite_header(&mut major, |h| h[8] = 2);
+    let err = load(&major[..], StreamLimits::default(), None).unwrap_err();
+    assert_eq!(err, StreamError::UnsupportedVersion { major: 2, minor: 0 });
+}
+
+#[test]
+fn incompatible_generation_and_type_are_refused_clearly() {
+    let bytes = recorded();
+    let gen11 = Compatibility {
+        generation: GpuGeneration::Gen11,
+        ..compat()
+    };
+    let err = load(&bytes[..], StreamLimits::default(), Some(&gen11)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "incompatible GPU generation: stream is GEN9, this destination is GEN11"
+    );
+
+    let big = Compatibility {
+        vgpu_type: VgpuTypeId {
+            aperture_mib: 128,
+            hidden_mib: 512,
+        },
+        ..compat()
+    };
+    let err = load(&bytes[..], StreamLimits::default(), Some(&big)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "incompatible vGPU type: stream is 64+384 MiB, this destination expects 128+512 MiB"
+    );
+
+    let mut unknown_gen = recorded();
+    rewrite_header(&mut unknown_gen, |h| h[12] = 10);
+    let err = load(&unknown_gen[..], StreamLimits::default(), None).unwrap_err();
+    assert_eq!(err, StreamError::UnknownGeneration { value: 10 });
+}
+
+#[test]
+fn guest_size_beyond_the_limit_is_refused() {
+    let bytes = recorded();
+    let limits = StreamLimits {
+        max_guest_pages: 1000,
+        ..StreamLimits::default()
+    };
+    let err = load(&bytes[..], limits, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StreamError::BadHeaderField {
+                field: "guest_pages",
+                value: 1024,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_truncation_is_refused() {
+    let bytes = recorded();
+    for cut in 0..bytes.len() {
+        let err = load(&bytes[..cut], StreamLimits::default(), None)
+            .expect_err("a truncated stream must not load");
+        assert!(
+            matches!(err, StreamError::Truncated { .. }),
+            "cut {cut}: {err}"
+        );
+    }
+}
+
+struct FailingReader<'a> {
+    data: &'a [u8],
+    fail_at: usize,
+    pos: usize,
+}
+
+impl Read for FailingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.fail_at {
+            return Err(io::Error::new(io::ErrorKind::ConnectionReset, "link down"));
+        }
+        let n = buf
+            .len()
+            .min(self.fail_at - self.pos)
+            .min(self.data.len() - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn failing_reader_gives_an_io_error_with_its_offset() {
+    let bytes = recorded();
+    for fail_at in [
+        0,
+        10,
+        HEADER_LEN,
+        HEADER_LEN + 5,
+        HEADER_LEN + 100,
+        bytes.len() - 1,
+    ] {
+        let r = FailingReader {
+            data: &bytes,
+            fail_at,
+            pos: 0,
+        };
+        let err = load(r, StreamLimits::default(), None).unwrap_err();
+        assert_eq!(
+            err,
+            StreamError::Io {
+                offset: fail_at as u64,
+                kind: io::ErrorKind::ConnectionReset
+            }
+        );
+    }
+}
+
+fn raw_section(kind: u16, payload: &[u8]) -> Vec<u8> {
+    let mut s = Vec::new();
+    s.extend_from_slice(&kind.to_le_bytes());
+    s.extend_from_slice(&1u16.to_le_bytes());
+    s.extend_from_slice(&0u32.to_le_bytes());
+    s.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let mut h = crc32fast::Hasher::new();
+    h.update(&s);
+    h.update(payload);
+    s.extend_from_slice(&h.finalize().to_le_bytes());
+    s.extend_from_slice(payload);
+    s
+}
+
+fn stream_with(section: &[u8]) -> Vec<u8> {
+    let mut bytes = header().to_bytes().to_vec();
+    bytes.extend_from_slice(section);
+    bytes
+}
+
+fn first_error(bytes: &[u8], limits: StreamLimits) -> StreamError {
+    let mut r = StreamReader::open(bytes, limits, None).unwrap();
+    loop {
+        match r.next_section() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("stream ended without error"),
+            Err(e) => {
+                assert_eq!(
+                    r.next_section(),
+                    Ok(None),
+                    "reader must stay empty after an error"
+                );
+                return e;
+            }
+        }
+    }
+}
+
+#[test]
+fn oversized_section_is_refused_before_allocation() {
+    let mut sec = raw_section(KIND_PAGES, &[]);
+    sec[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    let err = first_error(&stream_with(&sec), StreamLimits::default());
+    assert!(
+        matches!(err, StreamError::SectionTooLarge { len: u32::MAX, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn total_size_cap_stops_the_load() {
+    let bytes = recorded();
+    let limits = StreamLimits {
+        max_stream_bytes: 4096,
+        ..StreamLimits::default()
+    };
+    let err = load(&bytes[..], limits, None).unwrap_err();
+    assert!(
+        matches!(err, StreamError::StreamTooLarge { limit: 4096, .. }),
+        "{err}"
+    );
+}
+
+fn batch_payload(records: &[(u64, u32, usize)]) -> Vec<u8> {
+    let mut p = Vec::new();
+    p.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    for &(gfn, enc, data) in records {
+        p.extend_from_slice(&gfn.to_le_bytes());
+        p.extend_from_slice(&enc.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend(std::iter::repeat_n(7u8, data));
+    }
+    p
+}
+
+#[test]
+fn malformed_page_batches_are_refused_even_with_valid_checksums() {
+    let out_of_range = raw_section(KIND_PAGES, &batch_payload(&[(1024, 0, PAGE_SIZE)]));
+    let err = first_error(&stream_with(&out_of_range), StreamLimits::default());
+    assert!(
+        matches!(
+            err,
+            StreamError::PageOutOfRange {
+                gfn: 1024,
+                pages: 1024,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let bad_enc = raw_section(KIND_PAGES, &batch_payload(&[(1, 9, 0)]));
+    let err = first_error(&stream_with(&bad_enc), StreamLimits::default());
+    assert!(
+        matches!(err, StreamError::BadPageEncoding { encoding: 9, .. }),
+        "{err}"
+    );
+
+    let short = raw_section(KIND_PAGES, &batch_payload(&[(1, 0, 100)]));
+    let err = first_error(&stream_with(&short), StreamLimits::default());
+    assert!(matches!(err, StreamError::BadPageBatch { .. }), "{err}");
+
+    let trailing = raw_section(KIND_PAGES, &batch_payload(&[(1, 1, 3)]));
+    let err = first_error(&stream_with(&trailing), StreamLimits::default());
+    assert!(matches!(err, StreamError::BadPageBatch { .. }), "{err}");
+
+    let empty = raw_section(KIND_PAGES, &batch_payload(&[]));
+    let err = first_error(&stream_with(&empty), StreamLimits::default());
+    assert!(
+        matches!(
+            err,
+            StreamError::BadPageBatch {
+                reason: "empty batch",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
+    let unknown = raw_section(99, &[1, 2, 3]);
+    let err = first_error(&stream_with(&unknown), StreamLimits::default());
+    assert!(
+        matches!(
+            err,
+            StreamError::UnknownSection {
+                kind: 99,
+                offset: 64
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_state_and_missing_state_are_refused() {
+    let mut s = raw_section(StateKind::Registers as u16, &[1]);
+    s.extend(raw_section(StateKind::Registers as u16, &[2]));
+    let err = first_error(&stream_with(&s), StreamLimits::default());
+    assert!(
+        matches!(err, StreamError::DuplicateSection { kind: 2, .. }),
+        "{err}"
+    );
+
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    w.write_state(StateKind::DeviceConfig, &[1]).unwrap();
+    assert!(matches!(
+        w.write_state(StateKind::DeviceConfig, &[1]),
+        Err(StreamError::DuplicateSection { .. })
+    ));
+    assert!(matches!(
+        w.finish(),
+        Err(StreamError::MissingSection { kind: 2, .. })
+    ));
+}
+
+#[test]
+fn a_dropped_section_is_caught_by_end() {
+    let bytes = recorded();
+    // Remove the second page batch entirely (its header says how long it is).
+    let first_len = u32::from_le_bytes(bytes[HEADER_LEN + 8..HEADER_LEN + 12].try_into().unwrap());
+    let second = HEADER_LEN + SECTION_HEADER_LEN + first_len as usize;
+    let second_len = u32::from_le_bytes(bytes[second + 8..second + 12].try_into().unwrap());
+    let mut cut = bytes[..second].to_vec();
+    cut.extend_from_slice(&bytes[second + SECTION_HEADER_LEN + second_len as usize..]);
+    let err = load(&cut[..], StreamLimits::default(), None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StreamError::EndMismatch {
+                what: "section count",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn reader_hands_out_sections_then_end_then_nothing() {
+    let bytes = recorded();
+    let mut r = StreamReader::open(&bytes[..], StreamLimits::default(), Some(&compat())).unwrap();
+    let mut n = 0;
+    loop {
+        match r.next_section().unwrap() {
+            Some(Section::End(s)) => {
+                assert_eq!(s.sections, n);
+                break;
+            }
+            Some(_) => n += 1,
+            None => panic!("END missing"),
+        }
+    }
+    assert_eq!(r.next_section(), Ok(None));
+    assert_eq!(r.offset(), bytes.len() as u64);
+}
+
+#[test]
+fn control_frames_round_trip_and_refuse_corruption() {
+    let msgs = [
+        Control::HeaderAccepted,
+        Control::Rejected("vGPU type 128+512 MiB is not 64+384 MiB".into()),
+        Control::Restored,
+        Control::Commit,
+        Control::Resumed {
+            restore_ns: 12345,
+            remap_ns: 678,
+        },
+    ];
+    for m in &msgs {
+        let mut buf = Vec::new();
+        m.write_to(&mut buf).unwrap();
+        assert_eq!(&Control::read_from(&mut &buf[..]).unwrap(), m);
+        for i in 0..buf.len() {
+            let mut bad = buf.clone();
+            bad[i] ^= 0x01;
+            assert!(
+                Control::read_from(&mut &bad[..]).is_err(),
+                "{m:?} flip at {i}"
+            );
+        }
+        assert!(Control::read_from(&mut &buf[..buf.len() - 1]).is_err());
+    }
+    let long = "x".repeat(10_000);
+    let mut buf = Vec::new();
+    Control::Rejected(long).write_to(&mut buf).unwrap();
+    match Control::read_from(&mut &buf[..]).unwrap() {
+        Control::Rejected(m) => assert_eq!(m.len(), Control::MAX_PAYLOAD as usize),
+        other => panic!("{other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Flipping any bit pattern of any single byte of a recorded stream makes the load fail.
+    #[test]
+    fn any_corrupted_byte_is_rejected(pos in 0usize..100_000, mask in 1u8..=255) {
+        let mut bytes = recorded();
+        let pos = pos % bytes.len();
+        bytes[pos] ^= mask;
+        prop_assert!(load(&bytes[..], StreamLimits::default(), Some(&compat())).is_err());
+    }
+
+    /// Arbitrary bytes after a valid header never panic the reader and never load.
+    #[test]
+    fn garbage_sections_never_load(tail in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let bytes = stream_with(&tail);
+        prop_assert!(load(&bytes[..], StreamLimits::default(), None).is_err());
+    }
+
+    /// Page batches round-trip: frames, order, contents and zero markers.
+    #[test]
+    fn page_batches_round_trip(pages in proptest::collection::vec((0u64..1024, any::<u8>(), any::<bool>()), 1..20)) {
+        let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+        let mut b = PageBatch::new();
+        for &(gfn, fill, zero) in &pages {
+            let p = if zero { [0; PAGE_SIZE] } else { page(fill) };
+            b.push(Gfn(gfn), &p);
+        }
+        w.write_pages(&b).unwrap();
+        for kind in StateKind::ALL {
+            w.write_state(kind, &[kind as u8]).unwrap();
+        }
+        let (bytes, _) = w.finish().unwrap();
+        let loaded = load(&bytes[..], StreamLimits::default(), None).unwrap();
+        let got: Vec<(Gfn, PageData<'_>)> = loaded.batches[0].iter().collect();
+        let want: Vec<(Gfn, PageData<'_>)> = b.iter().collect();
+        prop_assert_eq!(got, want);
+    }
+}
+
+fn decode_in_chunks(bytes: &[u8], chunks: &[usize]) -> gmig_core::stream::Result<Vec<Section>> {
+    use gmig_core::stream::StreamDecoder;
+    let mut d = StreamDecoder::new(StreamLimits::default(), Some(compat()));
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut i = 0;
+    while at < bytes.len() {
+        let n = chunks[i % chunks.len()].max(1).min(bytes.len() - at);
+        i += 1;
+        d.feed(&bytes[at..at + n])?;
+        at += n;
+        while let Some(s) = d.next_section()? {
+            out.push(s);
+        }
+    }
+    if d.finished().is_none() {
+        return Err(StreamError::Truncated {
+            offset: at as u64,
+            wanted: 1,
+        });
+    }
+    Ok(out)
+}
+
+#[test]
+fn push_decoder_refuses_bytes_after_end() {
+    use gmig_core::stream::StreamDecoder;
+    let bytes = recorded();
+    let mut d = StreamDecoder::new(StreamLimits::default(), None);
+    d.feed(&bytes).unwrap();
+    while d.next_section().unwrap().is_some() {}
+    assert!(d.finished().is_some());
+    assert!(matches!(
+        d.feed(&[0]),
+        Err(StreamError::TrailingBytes { count: 1, .. })
+    ));
+    assert!(d.feed(&[]).is_err(), "a failed decoder stays failed");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The push decoder yields exactly what the pull reader yields, however the bytes are cut.
+    #[test]
+    fn push_decoder_matches_pull_reader(chunks in proptest::collection::vec(1usize..5000, 1..8)) {
+        let bytes = recorded();
+        let loaded = load(&bytes[..], StreamLimits::default(), None).unwrap();
+        let sections = decode_in_chunks(&bytes, &chunks).unwrap();
+        let batches: Vec<&PageBatch> = sections.iter().filter_map(|s| match s {
+            Section::Pages(b) => Some(b),
+            _ => None,
+        }).collect();
+        prop_assert_eq!(batches, loaded.batches.iter().collect::<Vec<_>>());
+        prop_assert!(matches!(sections.last(), Some(Section::End(s)) if *s == loaded.summary));
+    }
+
+    /// The push decoder, too, rejects any corrupted byte.
+    #[test]
+    fn push_decoder_rejects_corruption(pos in 0usize..100_000, mask in 1u8..=255, chunk in 1usize..3000) {
+        let mut bytes = recorded();
+        let pos = pos % bytes.len();
+        bytes[pos] ^= mask;
+        prop_assert!(decode_in_chunks(&bytes, &[chunk]).is_err());
+    }
+}
