@@ -673,7 +673,7 @@ mod tests {
 
     /// A 32 bpp XY_FAST_COPY_BLT (the encoding IGT and i915 use: depth 3 = 32 bpp).
     fn fast_copy(dst: u64, dst_pitch: i16, r: Rect, src: u64, src_pitch: i16) -> Vec<u32> {
-        crate::workload::xy_fast_copy_32bpp(dst, dst_pitch, r, src, src_pitch, 0, 0)
+        gmig_cmdparser::build::xy_fast_copy_blt(dst, dst_pitch, r, src, src_pitch, 0, 0, 4)
     }
 
     fn gpa_of(base: u64, gpu: u64) -> GuestAddress {

@@ -204,31 +204,6 @@ pub struct GuestDriver {
     damaged_prev: BTreeSet<usize>,
 }
 
-/// A 32 bpp `XY_FAST_COPY_BLT` (GEN9+), linear unless the caller sets the tiling bits in DW0
-/// (src 21:20, dst 14:13). Colour depth 3 = 32 bpp, as i915 and IGT encode it.
-pub fn xy_fast_copy_32bpp(
-    dst: u64,
-    dst_pitch: i16,
-    r: Rect,
-    src: u64,
-    src_pitch: i16,
-    sx: u16,
-    sy: u16,
-) -> Vec<u32> {
-    vec![
-        (2 << 29) | (0x42 << 22) | 8,
-        (3 << 24) | u32::from(dst_pitch as u16),
-        (u32::from(r.y1) << 16) | u32::from(r.x1),
-        (u32::from(r.y2) << 16) | u32::from(r.x2),
-        dst as u32,
-        ((dst >> 32) as u32) & 0xffff,
-        (u32::from(sy) << 16) | u32::from(sx),
-        u32::from(src_pitch as u16),
-        src as u32,
-        ((src >> 32) as u32) & 0xffff,
-    ]
-}
-
 fn page_align(n: u64) -> u64 {
     n.div_ceil(PAGE_SIZE) * PAGE_SIZE
 }
@@ -730,9 +705,9 @@ impl GuestDriver {
     fn frame_idle(&mut self, vgpu: &mut Vgpu) -> Result<()> {
         let ci = self.ctx_index(EngineId::Blitter);
         let mut extra = Vec::new();
-        if self.frame % 30 == 0 {
+        if self.frame.is_multiple_of(30) {
             let cursor = self.objs["cursor"];
-            let color = if (self.frame / 30) % 2 == 0 {
+            let color = if (self.frame / 30).is_multiple_of(2) {
                 0xffff_ffff
             } else {
                 0
@@ -756,14 +731,14 @@ impl GuestDriver {
     fn frame_desktop(&mut self, vgpu: &mut Vgpu) -> Result<()> {
         let ci = self.ctx_index(EngineId::Blitter);
         let (w, h) = (self.cfg.width, self.cfg.height);
-        let back = if self.frame % 2 == 0 {
+        let back = if self.frame.is_multiple_of(2) {
             self.objs["fb1"]
         } else {
             self.objs["fb0"]
         };
         // Flip to what the previous frame composed.
         if self.frame > 0 {
-            let front = if self.frame % 2 == 0 {
+            let front = if self.frame.is_multiple_of(2) {
                 self.objs["fb0"]
             } else {
                 self.objs["fb1"]
@@ -860,7 +835,7 @@ impl GuestDriver {
             let mut c2 = if self.gen == Gen::Gen8 {
                 build::xy_src_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4)
             } else {
-                xy_fast_copy_32bpp(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0)
+                build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4)
             };
             c2.extend(build::mi_batch_buffer_end());
             self.write_batch(vgpu, ci, &c2)?
