@@ -161,7 +161,7 @@ impl Slice {
                 size: self.size,
             });
         }
-        if self.base.0 % GTT_PAGE_SIZE != 0 || self.size % GTT_PAGE_SIZE != 0 {
+        if !self.base.0.is_multiple_of(GTT_PAGE_SIZE) || !self.size.is_multiple_of(GTT_PAGE_SIZE) {
             return Err(AddrError::Unaligned {
                 base: self.base.0,
                 size: self.size,

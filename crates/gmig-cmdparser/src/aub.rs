@@ -1172,7 +1172,7 @@ impl<'a> AubReader<'a> {
                         AubSpace::Physical
                     }
                     4 => {
-                        if addr % 8 != 0 || len % 8 != 0 {
+                        if !addr.is_multiple_of(8) || len % 8 != 0 {
                             return Err(AubError::MisalignedEntryWrite { offset, addr, len });
                         }
                         let first = addr / 8;
@@ -1515,7 +1515,7 @@ impl AubWriter {
     pub fn new(gen: Gen, app_name: &str) -> Self {
         let mut name: Vec<u8> = app_name.bytes().filter(|&b| b != 0).take(252).collect();
         name.push(0);
-        while name.len() % 4 != 0 {
+        while !name.len().is_multiple_of(4) {
             name.push(0);
         }
         let mut w = Self { out: Vec::new() };
@@ -1808,7 +1808,7 @@ impl CaptureBuilder {
     /// [`MemFault::BadContextAddress`] for a context the descriptor cannot hold, or a mapping fault.
     pub fn submit(&mut self, engine: Engine, spec: &RingSpec<'_>) -> Result<Submission> {
         let ctx_addr = spec.context.0;
-        if ctx_addr % PAGE_SIZE != 0 || ctx_addr > DESCRIPTOR_LRCA_MASK {
+        if !ctx_addr.is_multiple_of(PAGE_SIZE) || ctx_addr > DESCRIPTOR_LRCA_MASK {
             return Err(MemFault::BadContextAddress { addr: ctx_addr }.into());
         }
         let ring_size = spec.ring_size.clamp(PAGE_SIZE, 0x20_0000) & !(PAGE_SIZE - 1);

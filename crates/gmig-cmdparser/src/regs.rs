@@ -97,7 +97,7 @@ fn in_ranges(ranges: &[RegRange], reg: u32, access: RegAccess) -> bool {
 
 /// Whether a guest command may access register `reg` (byte offset) on `gen`/`engine`.
 pub fn register_allowed(gen: Gen, engine: Engine, reg: u32, access: RegAccess) -> bool {
-    if reg % 4 != 0 {
+    if !reg.is_multiple_of(4) {
         return false;
     }
     let per_engine = engine_bases(gen, engine).iter().any(|&base| {

@@ -286,7 +286,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
 
     /// Fetches the command at `addr` into `self.buf`; returns its length in dwords.
     fn fetch(&mut self, space: AddressSpace, addr: u64, offset: usize) -> Result<usize> {
-        if addr % 4 != 0 {
+        if !addr.is_multiple_of(4) {
             return Err(WalkError::Rejected {
                 space,
                 addr,
@@ -395,12 +395,12 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             tail: ring.tail,
         };
         if ring.size == 0
-            || ring.size % GTT_PAGE_SIZE != 0
+            || !ring.size.is_multiple_of(GTT_PAGE_SIZE)
             || ring.head >= ring.size
             || ring.tail >= ring.size
-            || ring.head % 4 != 0
-            || ring.tail % 4 != 0
-            || ring.start.0 % GTT_PAGE_SIZE != 0
+            || !ring.head.is_multiple_of(4)
+            || !ring.tail.is_multiple_of(4)
+            || !ring.start.0.is_multiple_of(GTT_PAGE_SIZE)
             || ring.start.0.checked_add(ring.size).is_none()
         {
             return Err(bad);

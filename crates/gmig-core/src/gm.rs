@@ -173,8 +173,8 @@ impl PartitionManager {
         if config.aperture_size > config.total_size
             || config.host_aperture > config.aperture_size
             || config.host_hidden > config.total_size - config.aperture_size
-            || config.total_size % PAGE_SIZE != 0
-            || config.aperture_size % PAGE_SIZE != 0
+            || !config.total_size.is_multiple_of(PAGE_SIZE)
+            || !config.aperture_size.is_multiple_of(PAGE_SIZE)
         {
             return Err(GmError::BadHostConfig(
                 "sizes do not nest or are not page aligned",

@@ -340,12 +340,12 @@ impl Vgpu {
 
     /// A 32-bit MMIO read by the guest.
     pub fn mmio_read32(&self, offset: u32) -> Result<u32> {
-        if offset % 4 != 0 || offset >= mmio::MMIO_BAR_SIZE {
+        if !offset.is_multiple_of(4) || offset >= mmio::MMIO_BAR_SIZE {
             return Err(VgpuError::BadMmio { offset, len: 4 });
         }
         if offset >= mmio::GTT_MMIO_BASE {
             let entry = self.gtt_mmio_entry(offset & !7);
-            return Ok(if offset % 8 == 0 {
+            return Ok(if offset.is_multiple_of(8) {
                 entry as u32
             } else {
                 (entry >> 32) as u32
@@ -412,13 +412,13 @@ impl Vgpu {
 
     /// A 32-bit MMIO write by the guest.
     pub fn mmio_write32(&mut self, offset: u32, value: u32) -> Result<()> {
-        if offset % 4 != 0 || offset >= mmio::MMIO_BAR_SIZE {
+        if !offset.is_multiple_of(4) || offset >= mmio::MMIO_BAR_SIZE {
             return Err(VgpuError::BadMmio { offset, len: 4 });
         }
         if offset >= mmio::GTT_MMIO_BASE {
             let entry_off = offset & !7;
             let old = self.gtt_mmio_entry(entry_off);
-            let new = if offset % 8 == 0 {
+            let new = if offset.is_multiple_of(8) {
                 (old & !0xffff_ffff) | u64::from(value)
             } else {
                 (old & 0xffff_ffff) | (u64::from(value) << 32)

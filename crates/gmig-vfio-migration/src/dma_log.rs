@@ -267,7 +267,7 @@ impl DmaLogger {
     /// to merge with KVM's dirty log or a hash diff.
     pub fn report_bitmap(&mut self, iova: u64, length: u64, page_size: u64) -> Result<DirtyBitmap> {
         check_page_size(page_size)?;
-        if iova % page_size != 0 {
+        if !iova.is_multiple_of(page_size) {
             return Err(DmaLogError::Unaligned {
                 iova,
                 length,

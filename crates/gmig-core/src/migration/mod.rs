@@ -541,7 +541,8 @@ fn run_source<V: MigratableVm, C: Connection>(
                     let batches = handle.device().stats().precopy_batches;
                     while batches_seen < batches {
                         batches_seen += 1;
-                        if cfg.step_every_batches > 0 && batches_seen % cfg.step_every_batches == 0
+                        if cfg.step_every_batches > 0
+                            && batches_seen.is_multiple_of(cfg.step_every_batches)
                         {
                             handle.device_mut().vm_mut().step().map_err(|source| {
                                 MigrationError::Vm {
