@@ -161,6 +161,15 @@ pub enum BenchWhat {
         /// Hashing threads (default: all cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// Timed repetitions of each pass; the best of each is reported.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Hashing kernel (default: the widest this CPU runs).
+        #[arg(long, value_enum, default_value_t = HashKernelArg::Auto)]
+        kernel: HashKernelArg,
+        /// Do not prefetch the next page while hashing.
+        #[arg(long)]
+        no_prefetch: bool,
     },
     /// The migration matrix: profiles × vGPU types × policies × link speeds.
     Migrate {
@@ -176,6 +185,19 @@ pub enum BenchWhat {
     },
     /// Reproduce the shape of gMig's evaluation beside the paper's figures.
     Paper,
+}
+
+/// Page-hashing kernel for `gmig bench hash`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HashKernelArg {
+    /// The widest kernel this CPU runs.
+    Auto,
+    /// xxhash-rust as compiled (SSE2 on default x86-64 builds).
+    Portable,
+    /// AVX2.
+    Avx2,
+    /// AVX-512F.
+    Avx512,
 }
 
 #[derive(Debug, Args)]

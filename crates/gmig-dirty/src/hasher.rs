@@ -63,22 +63,62 @@ const MIN_TASK_PAGES: u64 = 256;
 /// Dirty pages handed to a diff sink at a time.
 pub const SINK_BATCH: usize = 64;
 
+/// How a [`Hasher`] is set up; `Default` is all cores, the widest kernel, next-page prefetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HasherOptions {
+    /// Worker threads (0: one per available core).
+    pub threads: usize,
+    /// Kernel (`None`: [`Kernel::detect`]).
+    pub kernel: Option<Kernel>,
+    /// Prefetch the next page's cache lines while hashing the current one.
+    pub prefetch: bool,
+}
+
+impl Default for HasherOptions {
+    fn default() -> Self {
+        HasherOptions {
+            threads: 0,
+            kernel: None,
+            prefetch: true,
+        }
+    }
+}
+
 /// Hashes guest pages on a private rayon pool of a fixed size with the widest kernel the CPU runs.
 #[derive(Debug)]
 pub struct Hasher {
     pool: rayon::ThreadPool,
     threads: usize,
     kernel: Kernel,
+    prefetch: bool,
 }
 
 impl Hasher {
     /// A hasher with `threads` workers (0: one per available core) and the detected kernel.
     pub fn new(threads: usize) -> Result<Self> {
-        Self::with_kernel(threads, Kernel::detect())
+        Self::with_options(HasherOptions {
+            threads,
+            ..HasherOptions::default()
+        })
     }
 
     /// A hasher with `threads` workers (0: one per core) and a given kernel (for comparisons).
     pub fn with_kernel(threads: usize, kernel: Kernel) -> Result<Self> {
+        Self::with_options(HasherOptions {
+            threads,
+            kernel: Some(kernel),
+            ..HasherOptions::default()
+        })
+    }
+
+    /// A hasher set up by `options`.
+    pub fn with_options(options: HasherOptions) -> Result<Self> {
+        let HasherOptions {
+            threads,
+            kernel,
+            prefetch,
+        } = options;
+        let kernel = kernel.unwrap_or_else(Kernel::detect);
         if !kernel.is_supported() {
             return Err(HashError::UnsupportedKernel {
                 kernel: kernel.name(),
@@ -101,6 +141,7 @@ impl Hasher {
             pool,
             threads,
             kernel,
+            prefetch,
         })
     }
 
@@ -112,6 +153,11 @@ impl Hasher {
     /// The kernel in use.
     pub fn kernel(&self) -> Kernel {
         self.kernel
+    }
+
+    /// Whether the next page is prefetched.
+    pub fn prefetch(&self) -> bool {
+        self.prefetch
     }
 
     /// Split `work` (bitmap words) into contiguous word ranges with about equal set bits.
@@ -253,12 +299,15 @@ impl Hasher {
                 .into_par_iter()
                 .try_for_each(|(w0, w1, lo, out_h, mut out_s)| -> Result<()> {
                     for_each_page(
-                        tracked,
-                        ranks,
+                        Walk {
+                            tracked,
+                            ranks,
+                            mem,
+                            prefetch: self.prefetch,
+                        },
                         |w| tracked.words()[w],
                         w0,
                         w1,
-                        mem,
                         |_, idx, p, next| {
                             // SAFETY: `p` is a mapped guest page; the kernel is supported.
                             let d = unsafe { kernel.hash_raw(p, next) };
@@ -334,12 +383,15 @@ impl Hasher {
                         let mut batch = [Gfn(0); SINK_BATCH];
                         let mut n = 0usize;
                         for_each_page(
-                            tracked,
-                            ranks,
+                            Walk {
+                                tracked,
+                                ranks,
+                                mem,
+                                prefetch: self.prefetch,
+                            },
                             |w| work[w],
                             w0,
                             w1,
-                            mem,
                             |gfn, idx, p, next| {
                                 let bit = gfn.0 - base;
                                 let unrecorded =
@@ -381,7 +433,13 @@ impl Hasher {
     /// Read every page set in `frames` once with the widest loads available, using the same work
     /// split, threads and prefetching as hashing; returns an XOR fold of the data. This is the
     /// memory-bandwidth baseline benchmarks compare hashing against.
-    pub fn read_probe(&self, mem: &GuestPages<'_>, frames: &DirtyBitmap) -> Result<u64> {
+    /// `prefetch` chooses whether the next page is prefetched (benchmarks take the faster).
+    pub fn read_probe(
+        &self,
+        mem: &GuestPages<'_>,
+        frames: &DirtyBitmap,
+        prefetch: bool,
+    ) -> Result<u64> {
         let kernel = self.kernel;
         let plan = self.plan(frames.words());
         let ranks = vec![0u32; frames.words().len() + 1];
@@ -390,15 +448,20 @@ impl Hasher {
                 .map(|(w0, w1)| -> Result<u64> {
                     let mut x = 0u64;
                     for_each_page(
-                        frames,
-                        &ranks,
+                        Walk {
+                            tracked: frames,
+                            ranks: &ranks,
+                            mem,
+                            prefetch: true,
+                        },
                         |w| frames.words()[w],
                         w0,
                         w1,
-                        mem,
                         |_, _, p, next| {
                             // SAFETY: `p` is a mapped guest page.
-                            x ^= unsafe { kernel::read_raw(kernel, p, next) };
+                            x ^= unsafe {
+                                kernel::read_raw(kernel, p, if prefetch { next } else { p })
+                            };
                             Ok(())
                         },
                     )?;
@@ -409,22 +472,29 @@ impl Hasher {
     }
 }
 
+/// What [`for_each_page`] walks: the tracked set, its ranks, the memory, and whether to prefetch.
+#[derive(Clone, Copy)]
+struct Walk<'a, 'm> {
+    tracked: &'a DirtyBitmap,
+    ranks: &'a [u32],
+    mem: &'a GuestPages<'m>,
+    prefetch: bool,
+}
+
 /// Visit the pages of `tracked` set in `work(w)` for words `w0..w1`, ascending, calling
 /// `f(gfn, dense index, host pointer, next page's host pointer)`. The dense index is only
 /// meaningful when `ranks` are `tracked`'s ranks.
-fn for_each_page<W, F>(
-    tracked: &DirtyBitmap,
-    ranks: &[u32],
-    work: W,
-    w0: usize,
-    w1: usize,
-    mem: &GuestPages<'_>,
-    mut f: F,
-) -> Result<()>
+fn for_each_page<W, F>(walk: Walk<'_, '_>, work: W, w0: usize, w1: usize, mut f: F) -> Result<()>
 where
     W: Fn(usize) -> u64,
     F: FnMut(Gfn, usize, *const u8, *const u8) -> Result<()>,
 {
+    let Walk {
+        tracked,
+        ranks,
+        mem,
+        prefetch,
+    } = walk;
     let base = tracked.base().0;
     let tw = tracked.words();
     let mut cursor = mem.cursor();
@@ -439,7 +509,7 @@ where
             let idx = ranks[w] as usize + (t & ((1u64 << b) - 1)).count_ones() as usize;
             let ptr = cursor.host(gfn)?;
             if let Some((g, i, p)) = pending {
-                f(g, i, p, ptr)?;
+                f(g, i, p, if prefetch { ptr } else { p })?;
             }
             pending = Some((gfn, idx, ptr));
         }

@@ -68,6 +68,9 @@ pub mod hasher;
 pub mod memory;
 pub mod snapshot;
 
-pub use hasher::{HashError, Hasher};
+pub use hasher::{HashError, Hasher, HasherOptions};
 pub use memory::GuestPages;
 pub use snapshot::HashSnapshot;
+
+/// The `vm-memory` version this crate's API speaks, re-exported so callers name the same types.
+pub use vm_memory;

@@ -329,5 +329,9 @@ fn record_in_place_matches_copy_for_send() {
         assert_eq!(a.get(g), b.get(g));
         assert!(a.get(g).is_some());
     }
-    assert_ne!(h.read_probe(&pages, &pages.frames().unwrap()).unwrap(), 0);
+    assert_ne!(
+        h.read_probe(&pages, &pages.frames().unwrap(), true)
+            .unwrap(),
+        0
+    );
 }
