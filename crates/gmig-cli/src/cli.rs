@@ -143,6 +143,15 @@ pub struct MigrateArgs {
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Guest RAM in MiB (source and destination must agree).
+    #[arg(long, default_value_t = 128)]
+    pub ram_mib: u64,
+    /// Source: frames the guest runs before the migration starts.
+    #[arg(long, default_value_t = 5)]
+    pub frames_before: u64,
+    /// In-flight workloads allowed to finish after the stop (the rest is carried across).
+    #[arg(long, default_value_t = 2)]
+    pub max_drain: usize,
 }
 
 #[derive(Debug, Args)]
@@ -218,4 +227,10 @@ pub struct DemoArgs {
     /// Workload seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Also run the other three policies and report them side by side.
+    #[arg(long)]
+    pub compare: bool,
+    /// Emulated link speed in Gbit/s (unlimited when absent).
+    #[arg(long)]
+    pub link_gbps: Option<f64>,
 }

@@ -286,3 +286,152 @@ impl Vgpu {
         Ok(vgpu)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gm::{HostConfig, PartitionManager, VgpuType};
+    use crate::gtt::{copy_guest_ram, new_guest_ram};
+    use crate::vgpu::VgpuConfig;
+    use crate::workload::{GuestDriver, Profile, WorkloadConfig};
+    use proptest::prelude::*;
+
+    fn busy_vgpu() -> Vgpu {
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
+        let mut v = Vgpu::new(
+            VgpuConfig::new(VgpuType::V5_8, 1),
+            s,
+            new_guest_ram(16 << 20).unwrap(),
+        )
+        .unwrap();
+        let mut d =
+            GuestDriver::boot(&mut v, Profile::Desktop, WorkloadConfig::small(), 3).unwrap();
+        d.run_frames(&mut v, 1).unwrap();
+        d.submit_frame(&mut v).unwrap();
+        v.pause(0);
+        v
+    }
+
+    #[test]
+    fn envelope_round_trips() {
+        let v = busy_vgpu();
+        let state = v.save();
+        assert!(!state.queue.is_empty());
+        let bytes = state.to_bytes();
+        assert_eq!(&bytes[..8], b"GMIGVGPU");
+        assert_eq!(VgpuState::from_bytes(&bytes).unwrap(), state);
+    }
+
+    #[test]
+    fn envelope_rejects_bad_input() {
+        let bytes = busy_vgpu().save().to_bytes();
+        let mut b = bytes.clone();
+        b[0] ^= 1;
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::BadMagic(_))
+        ));
+        let mut b = bytes.clone();
+        b[8] = 2;
+        assert_eq!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::UnsupportedVersion(2))
+        );
+        let mut b = bytes.clone();
+        let last = b.len() - 1;
+        b[last] ^= 0x40;
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::BadCrc { .. })
+        ));
+        assert!(matches!(
+            VgpuState::from_bytes(&bytes[..bytes.len() - 1]),
+            Err(CheckpointError::Truncated { .. })
+        ));
+        assert!(matches!(
+            VgpuState::from_bytes(&bytes[..4]),
+            Err(CheckpointError::Truncated { .. })
+        ));
+        let mut b = bytes.clone();
+        b[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::TooLarge(_))
+        ));
+        // A body that passes the CRC but does not decode.
+        let mut b = bytes[..HEADER_LEN].to_vec();
+        let body = [0xffu8; 9];
+        b[12..16].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        b[16..20].copy_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        b.extend_from_slice(&body);
+        assert!(matches!(
+            VgpuState::from_bytes(&b),
+            Err(CheckpointError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn restore_refuses_the_wrong_type() {
+        let v = busy_vgpu();
+        let state = v.save();
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, other) = pm.place(VgpuType::V5_4).unwrap();
+        let ram = copy_guest_ram(v.guest_memory()).unwrap();
+        assert!(matches!(
+            Vgpu::restore(&state, ram, other, RestoreOptions::default()),
+            Err(CheckpointError::Mismatch(_))
+        ));
+    }
+
+    #[test]
+    fn restore_rebases_queued_commands_and_shadow_registers() {
+        let v = busy_vgpu();
+        let state = v.save();
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        pm.place(VgpuType::V5_2).unwrap();
+        let (_, dest) = pm
+            .place_avoiding(VgpuType::V5_8, Some(&v.host_slices()))
+            .unwrap();
+        let ram = copy_guest_ram(v.guest_memory()).unwrap();
+        let w = Vgpu::restore(&state, ram, dest, RestoreOptions::default()).unwrap();
+        let mv = SliceMove::new(v.host_slices(), dest).unwrap();
+        let after = w.save();
+        for (a, b) in state.queue.iter().zip(&after.queue) {
+            assert_eq!(mv.rebase(a.lrca), Some(b.lrca));
+            assert_ne!(a.commands, b.commands, "GGTT addresses in the shadow moved");
+            // And back again gives the original.
+            let mut back = b.clone();
+            for c in &mut back.commands {
+                crate::shadow::remap_command(state.cfg.gen, b.engine, c, &mv.inverse()).unwrap();
+            }
+            assert_eq!(back.commands, a.commands);
+        }
+        let plane = mmio::PLANE_SURF[0];
+        let before = v.shadow_reg(plane).unwrap();
+        assert_eq!(
+            w.shadow_reg(plane).map(u64::from),
+            mv.rebase(GgttOffset(u64::from(before))).map(|g| g.0)
+        );
+        assert_eq!(
+            w.mmio_read32(plane).unwrap(),
+            v.mmio_read32(plane).unwrap(),
+            "guest view unchanged"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn corrupted_checkpoints_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8), cut in any::<usize>()) {
+            let bytes = busy_vgpu().save().to_bytes();
+            let mut b = bytes.clone();
+            for (i, x) in flips {
+                let n = b.len();
+                b[i % n] ^= x;
+            }
+            b.truncate(cut % (bytes.len() + 1));
+            let _ = VgpuState::from_bytes(&b);
+        }
+    }
+}

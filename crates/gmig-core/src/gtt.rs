@@ -53,8 +53,8 @@ pub type Result<T> = std::result::Result<T, GttError>;
 /// The vGPU's GGTT entries, one table per slice, indexed by page within the slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ggtt {
-    aperture: Vec<u64>,
-    hidden: Vec<u64>,
+    pub(crate) aperture: Vec<u64>,
+    pub(crate) hidden: Vec<u64>,
 }
 
 /// Sparse serialized form of a [`Ggtt`]: present entries only.
@@ -323,7 +323,7 @@ pub fn copy_guest_ram(
 /// Total bytes of guest RAM.
 pub fn ram_size(mem: &GuestRam) -> u64 {
     use vm_memory::GuestMemoryRegion;
-    mem.iter().map(|r| r.len()).sum()
+    mem.iter().map(GuestMemoryRegion::len).sum()
 }
 
 #[cfg(test)]

@@ -222,7 +222,9 @@ impl Pipe {
     fn lock(&self) -> MutexGuard<'_, PipeState> {
         // A poisoned lock only means another thread panicked while holding it; the byte queue is
         // still consistent (every update is a single push or drain), so go on with it.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -278,7 +280,10 @@ impl Read for MemConnection {
         if out.is_empty() {
             return Ok(0);
         }
-        let timeout = *self.read_timeout.lock().unwrap_or_else(|p| p.into_inner());
+        let timeout = *self
+            .read_timeout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut s = self.rx.lock();
         loop {
@@ -301,7 +306,11 @@ impl Read for MemConnection {
                 return Ok(0);
             }
             s = match deadline {
-                None => self.rx.cond.wait(s).unwrap_or_else(|p| p.into_inner()),
+                None => self
+                    .rx
+                    .cond
+                    .wait(s)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
@@ -310,7 +319,7 @@ impl Read for MemConnection {
                     self.rx
                         .cond
                         .wait_timeout(s, d - now)
-                        .unwrap_or_else(|p| p.into_inner())
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .0
                 }
             };
@@ -339,7 +348,11 @@ impl Write for MemConnection {
                 self.tx.cond.notify_all();
                 return Ok(n);
             }
-            s = self.tx.cond.wait(s).unwrap_or_else(|p| p.into_inner());
+            s = self
+                .tx
+                .cond
+                .wait(s)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
@@ -354,7 +367,10 @@ impl Connection for MemConnection {
         Ok(())
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        *self.read_timeout.lock().unwrap_or_else(|p| p.into_inner()) = timeout;
+        *self
+            .read_timeout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = timeout;
         Ok(())
     }
 }

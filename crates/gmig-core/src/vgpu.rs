@@ -436,6 +436,9 @@ impl Vgpu {
             if rel >= pvinfo::DISPLAY_READY {
                 self.vregs.insert(offset, value);
             }
+            if rel == pvinfo::G2V_NOTIFY {
+                self.g2v_notify(value);
+            }
             return Ok(());
         }
         if let Some((engine, rel)) = EngineId::from_reg(offset) {
@@ -451,6 +454,29 @@ impl Vgpu {
         Ok(())
     }
 
+    /// GVT-g guest-to-vGPU notifications: PPGTT creation and destruction (the root is in
+    /// `pdp[0]` of the PV info page).
+    fn g2v_notify(&mut self, value: u32) {
+        let reg = |o: u32| {
+            u64::from(
+                self.vregs
+                    .get(&(mmio::VGT_PVINFO_PAGE + o))
+                    .copied()
+                    .unwrap_or(0),
+            )
+        };
+        let root = reg(pvinfo::PDP0_LO) | (reg(pvinfo::PDP0_LO + 4) << 32);
+        match value {
+            mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_CREATE => {
+                self.ppgtt_roots.insert(root);
+            }
+            mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_DESTROY => {
+                self.ppgtt_roots.remove(&root);
+            }
+            _ => {}
+        }
+    }
+
     /// Rebases the address bits of a register value; a value outside the source slices becomes 0
     /// (the hardware never sees an address outside the vGPU).
     pub(crate) fn shadow_address_reg(&self, value: u32, mask: u32, mv: &SliceMove) -> u32 {
@@ -459,7 +485,10 @@ impl Vgpu {
             return value;
         }
         match mv.rebase(GgttOffset(addr)) {
-            Some(h) if h.0 <= u64::from(u32::MAX) => (h.0 as u32 & mask) | (value & !mask),
+            Some(h) => match u32::try_from(h.0) {
+                Ok(h) => (h & mask) | (value & !mask),
+                Err(_) => 0,
+            },
             _ => 0,
         }
     }
@@ -545,6 +574,9 @@ impl Vgpu {
         let _ = self
             .host_view(None)
             .write(Space::Ggtt, addr, &value.to_le_bytes(), &mut pages);
+        // Context-image write-back is the hardware's own write, not a command's: always dirty.
+        self.write_log.actual.extend(pages.iter().copied());
+        self.write_log.candidate.extend(pages);
     }
 
     /// Records a context-complete event in the CSB registers and the status page.
@@ -735,4 +767,140 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
         }
     }
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gm::{HostConfig, PartitionManager, MIB};
+    use crate::gtt::new_guest_ram;
+    use proptest::prelude::*;
+
+    fn vgpu() -> Vgpu {
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
+        Vgpu::new(
+            VgpuConfig::new(VgpuType::V5_8, 7),
+            s,
+            new_guest_ram(4 << 20).unwrap(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pv_info_page_describes_the_balloon() {
+        let v = vgpu();
+        let s = v.guest_view();
+        let r = |f| v.mmio_read32(mmio::VGT_PVINFO_PAGE + f).unwrap();
+        assert_eq!(
+            v.mmio_read64(mmio::VGT_PVINFO_PAGE).unwrap(),
+            0x4776_5447_7654_4776
+        );
+        assert_eq!(r(pvinfo::VERSION_MAJOR), 1);
+        assert_eq!(r(pvinfo::VGT_ID), 7);
+        assert_eq!(u64::from(r(pvinfo::APERTURE_BASE)), s.aperture.base.0);
+        assert_eq!(u64::from(r(pvinfo::APERTURE_SIZE)), 64 * MIB);
+        assert_eq!(u64::from(r(pvinfo::HIDDEN_BASE)), s.hidden.base.0);
+        assert_eq!(u64::from(r(pvinfo::HIDDEN_SIZE)), 384 * MIB);
+        assert_eq!(r(pvinfo::FENCE_NUM), 4);
+    }
+
+    #[test]
+    fn ggtt_through_mmio_stays_in_the_balloon() {
+        let mut v = vgpu();
+        let s = v.guest_view();
+        let entry = |off: u64| mmio::GTT_MMIO_BASE + (off / PAGE_SIZE * 8) as u32;
+        v.mmio_write64(entry(s.hidden.base.0 + 3 * PAGE_SIZE), 0x7000 | 1)
+            .unwrap();
+        assert_eq!(
+            v.mmio_read64(entry(s.hidden.base.0 + 3 * PAGE_SIZE))
+                .unwrap(),
+            0x7001
+        );
+        assert_eq!(v.gtt_backed_pages(), vec![Gfn(7)]);
+        // Outside the balloon: ignored.
+        v.mmio_write64(entry(0), 0x9000 | 1).unwrap();
+        assert_eq!(v.mmio_read64(entry(0)).unwrap(), 0);
+        assert!(matches!(
+            v.mmio_write32(3, 0),
+            Err(VgpuError::BadMmio { .. })
+        ));
+        assert!(matches!(
+            v.mmio_read32(mmio::MMIO_BAR_SIZE),
+            Err(VgpuError::BadMmio { .. })
+        ));
+    }
+
+    #[test]
+    fn address_registers_get_host_shadows() {
+        let mut v = vgpu();
+        let s = v.guest_view();
+        // Pretend the vGPU was moved: the host slices sit 256 MiB higher.
+        v.host.aperture.base = GgttOffset(s.aperture.base.0 + 256 * MIB);
+        let surf = s.aperture.base.0 as u32 + 0x10000;
+        v.mmio_write32(mmio::PLANE_SURF[0], surf).unwrap();
+        assert_eq!(
+            v.mmio_read32(mmio::PLANE_SURF[0]).unwrap(),
+            surf,
+            "the guest reads its own value"
+        );
+        assert_eq!(
+            v.shadow_reg(mmio::PLANE_SURF[0]),
+            Some(surf + (256 * MIB) as u32)
+        );
+        // An address outside the guest's slices never reaches the hardware.
+        v.mmio_write32(mmio::PLANE_SURF[1], 0x1000).unwrap();
+        assert_eq!(v.shadow_reg(mmio::PLANE_SURF[1]), Some(0));
+    }
+
+    #[test]
+    fn elsp_takes_four_writes_and_refuses_while_paused() {
+        let mut v = vgpu();
+        let elsp = EngineId::Blitter.mmio_base() + ring::ELSP;
+        for _ in 0..3 {
+            v.mmio_write32(elsp, 0).unwrap();
+        }
+        assert_eq!(v.engines[1].elsp.len(), 3);
+        // Fourth write: both elements invalid, nothing queued.
+        v.mmio_write32(elsp, 0).unwrap();
+        assert!(v.engines[1].elsp.is_empty());
+        assert_eq!(v.queued(), 0);
+        v.pause(0);
+        assert_eq!(v.mmio_write32(elsp, 0), Err(VgpuError::Paused("bcs")));
+        v.resume();
+        assert!(v.mmio_write32(elsp, 0).is_ok());
+    }
+
+    #[test]
+    fn bad_context_is_reported_not_executed() {
+        let mut v = vgpu();
+        let elsp = EngineId::Render.mmio_base() + ring::ELSP;
+        // A context descriptor pointing outside the guest's slices.
+        for w in [0u32, 0, 5, 0x1000 | 1] {
+            v.mmio_write32(elsp, w).unwrap();
+        }
+        assert_eq!(v.queued(), 0);
+        assert_eq!(v.faults().len(), 1);
+        assert_eq!(v.faults()[0].kind, FaultKind::Audit);
+        assert_eq!(v.faults()[0].ctx_id, 5);
+        assert_eq!(v.mmio_read32(mmio::RING_FAULT_REG).unwrap() & 1, 1);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn random_mmio_never_panics_and_ggtt_stays_inside(ops in proptest::collection::vec((0u32..0x100_0000, any::<u32>()), 1..64)) {
+            let mut v = vgpu();
+            for (off, val) in ops {
+                let _ = v.mmio_write32(off & !3, val);
+                let _ = v.mmio_read32(off & !3);
+            }
+            v.run_until_idle();
+            let s = v.guest_view();
+            for (hidden, table) in [(false, &v.ggtt.aperture), (true, &v.ggtt.hidden)] {
+                let size = if hidden { s.hidden.size } else { s.aperture.size };
+                prop_assert_eq!(table.len() as u64, size / PAGE_SIZE);
+            }
+        }
+    }
 }

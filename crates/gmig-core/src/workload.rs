@@ -201,6 +201,7 @@ pub struct GuestDriver {
     cpu_dirty: BTreeSet<Gfn>,
     failures: u64,
     windows: Vec<(Obj, u32, u32, u32, u32, bool)>, // obj, w, h, x, y, x-tiled
+    damaged_prev: BTreeSet<usize>,
 }
 
 fn page_align(n: u64) -> u64 {
@@ -247,9 +248,21 @@ impl GuestDriver {
             cpu_dirty: BTreeSet::new(),
             failures: 0,
             windows: Vec::new(),
+            damaged_prev: BTreeSet::new(),
         };
         if profile.uses_ppgtt() {
-            d.pml4 = Some(d.alloc_ram(PAGE_SIZE)?);
+            let pml4 = d.alloc_ram(PAGE_SIZE)?;
+            d.pml4 = Some(pml4);
+            // Tell the vGPU about the new PPGTT, as i915 does under GVT-g.
+            vgpu.mmio_write32(mmio::VGT_PVINFO_PAGE + pvinfo::PDP0_LO, pml4 as u32)?;
+            vgpu.mmio_write32(
+                mmio::VGT_PVINFO_PAGE + pvinfo::PDP0_LO + 4,
+                (pml4 >> 32) as u32,
+            )?;
+            vgpu.mmio_write32(
+                mmio::VGT_PVINFO_PAGE + pvinfo::G2V_NOTIFY,
+                mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_CREATE,
+            )?;
         }
         for (i, &engine) in profile.engines().iter().enumerate() {
             d.setup_context(vgpu, engine, i as u32 + 1)?;
@@ -732,8 +745,10 @@ impl GuestDriver {
         // Clients: one or two windows get a damage rectangle (GPU fill) and a line of text (CPU).
         let damaged = self.rng.random_range(1..=2usize.min(self.windows.len()));
         let mut client = Vec::new();
+        let mut damaged_now = BTreeSet::new();
         for _ in 0..damaged {
             let wi = self.rng.random_range(0..self.windows.len());
+            damaged_now.insert(wi);
             let (o, ww, wh, _, _, tiled) = self.windows[wi];
             let x1 = self.rng.random_range(0..ww / 2) as u16;
             let y1 = self.rng.random_range(0..wh / 2) as u16;
@@ -769,9 +784,17 @@ impl GuestDriver {
         client.extend(build::mi_batch_buffer_end());
         let b = self.write_batch(vgpu, ci, &client)?;
         self.submit(vgpu, ci, Some(b), &[])?;
-        // Compositor: every window into the back buffer, then the cursor from a second-level batch.
+        // Compositor with buffer age 2: the first two frames compose every window into each back
+        // buffer; later frames only the windows damaged in this frame or the one before. Then the
+        // cursor, from a second-level batch.
         let mut comp = Vec::new();
-        for &(o, ww, wh, x, y, tiled) in &self.windows {
+        let redraw: BTreeSet<usize> = if self.frame < 2 {
+            (0..self.windows.len()).collect()
+        } else {
+            damaged_now.union(&self.damaged_prev).copied().collect()
+        };
+        self.damaged_prev = damaged_now;
+        for &(o, ww, wh, x, y, tiled) in redraw.iter().filter_map(|i| self.windows.get(*i)) {
             let pitch = if tiled {
                 (u64::from(ww) * 4).next_multiple_of(512)
             } else {

@@ -165,7 +165,7 @@ fn a_failed_migration_leaves_the_vgpu_running_with_nothing_lost() {
         assert!(dest.join().unwrap().is_err());
         match (&err, cut) {
             (MigrationError::Rejected { phase, .. }, None) => {
-                assert_eq!(*phase, MigrationPhase::Restore)
+                assert_eq!(*phase, MigrationPhase::Restore);
             }
             (e, Some(_)) => assert_eq!(MigrationPhase::from(e), MigrationPhase::PreCopy),
             (e, None) => panic!("unexpected {e}"),

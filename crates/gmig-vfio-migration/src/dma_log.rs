@@ -6,12 +6,16 @@
 //! device without this by default. A mediated vGPU has no IOMMU dirty bits, so the device side
 //! fills the log itself: from writes it knows it made (command-parser post-sync writes, blits)
 //! through [`DmaLogger::mark_dirty`], and from software dirty detection (page hashes compared by
-//! `gmig-dirty`) through [`DmaLogger::merge_bitmap`].
+//! `gmig-dirty`'s `Hasher::diff`) through [`DmaLogger::merge_guest_dirty`]. The log itself is kept
+//! in `gmig-dirty`'s [`DirtyBitmap`], and [`DmaLogger::report_bitmap`] hands a report back in that
+//! type, ready to merge with KVM's dirty log.
 //!
 //! The checks are the kernel's (`vfio_ioctl_device_feature_logging_start/report`): at least one
 //! range and at most [`MAX_RANGES`], ranges aligned to the page size, not overflowing, not
 //! overlapping; report page sizes are powers of two of at least 4 KiB; a report is
 //! read-and-clear; bit `i` of the report covers `[iova + i*page_size, +page_size)`.
+
+use gmig_dirty::{DirtyBitmap, Gfn, PAGE_SIZE};
 
 use crate::kernel::IovaRange;
 
@@ -23,7 +27,7 @@ pub const MIN_PAGE_SIZE: u64 = 4096;
 pub const MAX_TRACKED_PAGES: u64 = 1 << 30;
 
 /// Errors of DMA logging.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DmaLogError {
     /// No ranges were given.
@@ -70,14 +74,6 @@ pub enum DmaLogError {
     /// Logging is not started.
     #[error("DMA logging is not started")]
     NotStarted,
-    /// A merged bitmap does not match the range it claims to cover.
-    #[error("bitmap of {words} words is too short for 0x{pages:x} pages")]
-    ShortBitmap {
-        /// Words given.
-        words: usize,
-        /// Pages to cover.
-        pages: u64,
-    },
 }
 
 /// Result type of DMA logging.
@@ -86,7 +82,8 @@ pub type Result<T> = std::result::Result<T, DmaLogError>;
 #[derive(Debug, Clone)]
 struct Tracked {
     range: IovaRange,
-    bits: Vec<u64>,
+    /// One bit per tracking page; frame `n` of the bitmap is the page at IOVA `n * page_size`.
+    bits: DirtyBitmap,
 }
 
 fn check_page_size(page_size: u64) -> Result<()> {
@@ -109,12 +106,9 @@ fn set_bit(bits: &mut [u64], i: u64) {
     }
 }
 
-fn get_bit(bits: &[u64], i: u64) -> bool {
-    bits.get((i / 64) as usize)
-        .is_some_and(|w| w & (1 << (i % 64)) != 0)
-}
-
-/// A device's DMA dirty log: the tracked IOVA ranges and one bit per tracked page.
+/// A device's DMA dirty log: the tracked IOVA ranges and one bit per tracked page, kept in
+/// `gmig-dirty`'s [`DirtyBitmap`] (KVM / VFIO report layout) with frames counted in units of the
+/// logger's page size.
 #[derive(Debug, Clone)]
 pub struct DmaLogger {
     page_size: u64,
@@ -159,10 +153,9 @@ impl DmaLogger {
             if total_pages > MAX_TRACKED_PAGES {
                 return Err(DmaLogError::TooLarge(total_pages));
             }
-            tracked.push(Tracked {
-                range: r,
-                bits: vec![0; pages.div_ceil(64) as usize],
-            });
+            let bits = DirtyBitmap::new(Gfn(r.iova / page_size), pages)
+                .map_err(|_| DmaLogError::TooLarge(pages))?;
+            tracked.push(Tracked { range: r, bits });
         }
         Ok(DmaLogger { page_size, tracked })
     }
@@ -193,50 +186,42 @@ impl DmaLogger {
             if lo >= hi {
                 continue;
             }
-            let first = (lo - t.range.iova) / ps;
-            let last = (hi - 1 - t.range.iova) / ps;
-            for p in first..=last {
-                set_bit(&mut t.bits, p);
+            let first = lo / ps;
+            let last = (hi - 1) / ps;
+            // In span by construction: [lo, hi) lies inside the tracked range.
+            if t.bits.set_range(Gfn(first), last - first + 1).is_ok() {
+                touched += last - first + 1;
             }
-            touched += last - first + 1;
         }
         touched
     }
 
-    /// Merges a bitmap (bit `i` = page `iova + i*page_size` dirty, `page_size` a power of two
-    /// >= 4 KiB) covering `pages` pages, e.g. a hash diff from `gmig-dirty`.
-    pub fn merge_bitmap(
-        &mut self,
-        iova: u64,
-        page_size: u64,
-        pages: u64,
-        bits: &[u64],
-    ) -> Result<()> {
-        check_page_size(page_size)?;
-        if (bits.len() as u64).saturating_mul(64) < pages {
-            return Err(DmaLogError::ShortBitmap {
-                words: bits.len(),
-                pages,
-            });
+    /// Merges a guest-frame dirty set from `gmig-dirty` (a hash diff, a KVM log: 4 KiB frames)
+    /// into the log. Guest frame `g` is at IOVA `iova_of_gfn0 + g * 4096` (0 for the usual
+    /// identity IOVA = GPA mapping of guest RAM). Frames outside the tracked ranges are ignored.
+    /// Returns how many tracked pages became (or stayed) dirty.
+    pub fn merge_guest_dirty(&mut self, dirty: &DirtyBitmap, iova_of_gfn0: u64) -> Result<u64> {
+        let mut touched = 0;
+        for (first, count) in dirty.runs() {
+            let overflow = DmaLogError::Overflow {
+                iova: iova_of_gfn0,
+                length: count.saturating_mul(PAGE_SIZE as u64),
+            };
+            let at = first
+                .0
+                .checked_mul(PAGE_SIZE as u64)
+                .and_then(|o| o.checked_add(iova_of_gfn0))
+                .ok_or(overflow)?;
+            let len = count.checked_mul(PAGE_SIZE as u64).ok_or(overflow)?;
+            touched += self.mark_dirty(at, len);
         }
-        for i in 0..pages {
-            if get_bit(bits, i) {
-                let at = i
-                    .checked_mul(page_size)
-                    .and_then(|o| o.checked_add(iova))
-                    .ok_or(DmaLogError::Overflow {
-                        iova,
-                        length: pages.saturating_mul(page_size),
-                    })?;
-                self.mark_dirty(at, page_size);
-            }
-        }
-        Ok(())
+        Ok(touched)
     }
 
     /// `LOGGING_REPORT`: the bitmap of `[iova, iova+length)` at `page_size` granularity, and
     /// the covered tracked pages are cleared (read-and-clear). A report page is dirty when any
-    /// tracked page overlapping it is dirty.
+    /// tracked page overlapping it is dirty. Bit `i` of the result (bit `i % 64` of word `i / 64`)
+    /// is the page at `iova + i * page_size`.
     pub fn report(&mut self, iova: u64, length: u64, page_size: u64) -> Result<Vec<u64>> {
         check_page_size(page_size)?;
         let end = end_of(IovaRange { iova, length })?;
@@ -248,62 +233,55 @@ impl DmaLogger {
         let ps = self.page_size;
         for t in &mut self.tracked {
             let tend = t.range.iova + t.range.length;
-            let lo = iova.max(t.range.iova);
-            let hi = end.min(tend);
-            if lo >= hi {
+            if iova.max(t.range.iova) >= end.min(tend) {
                 continue;
             }
-            let first = (lo - t.range.iova) / ps;
-            let last = (hi - 1 - t.range.iova) / ps;
-            // Walk the set bits word by word: clean memory costs one load per 64 pages.
-            let mut dirty = Vec::new();
-            for w in first / 64..=last / 64 {
-                let Some(&word) = t.bits.get(w as usize) else {
-                    break;
-                };
-                let mut word = word;
-                while word != 0 {
-                    let p = w * 64 + u64::from(word.trailing_zeros());
-                    word &= word - 1;
-                    if (first..=last).contains(&p) {
-                        dirty.push(p);
-                    }
+            // Only set bits are visited: a clean range costs one load per 64 pages.
+            let hits: Vec<Gfn> = t
+                .bits
+                .iter()
+                .filter(|g| {
+                    let pstart = g.0 * ps;
+                    pstart < end && pstart + ps > iova
+                })
+                .collect();
+            for g in hits {
+                let pstart = g.0 * ps;
+                let a = pstart.max(iova);
+                let b = (pstart + ps).min(end);
+                for q in (a - iova) / page_size..=(b - 1 - iova) / page_size {
+                    set_bit(&mut out, q);
                 }
-            }
-            for p in dirty {
-                {
-                    // Tracked page p covers [pstart, pstart+ps); set every report page it meets
-                    // within the reported range.
-                    let pstart = t.range.iova + p * ps;
-                    let a = pstart.max(iova);
-                    let b = (pstart + ps).min(end);
-                    for q in (a - iova) / page_size..=(b - 1 - iova) / page_size {
-                        set_bit(&mut out, q);
-                    }
-                    // Clear only tracked pages wholly inside the report; a partially reported
-                    // page stays dirty so a later report still sees it.
-                    if pstart >= iova && pstart + ps <= end {
-                        if let Some(w) = t.bits.get_mut((p / 64) as usize) {
-                            *w &= !(1 << (p % 64));
-                        }
-                    }
+                // Clear only tracked pages wholly inside the report; a partially reported page
+                // stays dirty so a later report still sees it.
+                if pstart >= iova && pstart + ps <= end {
+                    let _ = t.bits.clear(g);
                 }
             }
         }
         Ok(out)
     }
 
+    /// [`DmaLogger::report`] as a `gmig-dirty` bitmap whose frames are `page_size` units
+    /// (frame `n` = IOVA `n * page_size`; for 4 KiB pages and identity IOVA, guest frames), ready
+    /// to merge with KVM's dirty log or a hash diff.
+    pub fn report_bitmap(&mut self, iova: u64, length: u64, page_size: u64) -> Result<DirtyBitmap> {
+        check_page_size(page_size)?;
+        if iova % page_size != 0 {
+            return Err(DmaLogError::Unaligned {
+                iova,
+                length,
+                page_size,
+            });
+        }
+        let words = self.report(iova, length, page_size)?;
+        DirtyBitmap::from_words(Gfn(iova / page_size), length.div_ceil(page_size), words)
+            .map_err(|_| DmaLogError::TooLarge(length / page_size))
+    }
+
     /// Number of dirty tracked pages.
     pub fn dirty_pages(&self) -> u64 {
-        self.tracked
-            .iter()
-            .map(|t| {
-                t.bits
-                    .iter()
-                    .map(|w| u64::from(w.count_ones()))
-                    .sum::<u64>()
-            })
-            .sum()
+        self.tracked.iter().map(|t| t.bits.count()).sum()
     }
 }
 

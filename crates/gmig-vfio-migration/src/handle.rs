@@ -14,6 +14,7 @@
 //!   back, ERROR otherwise; ERROR is left only by [`MigrationHandle::reset`].
 
 use crate::device::{ArcFailure, DeviceError, MigrationDevice, PrecopyInfo};
+use crate::kernel::IovaRange;
 use crate::state::{self, ArcKind, DeviceState, MigrationFeatures, StateError};
 
 /// Errors of the handle.
@@ -353,6 +354,26 @@ impl<D: MigrationDevice> MigrationHandle<D> {
             });
         }
         Ok(self.device.stop_copy_size()?)
+    }
+
+    /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_START`, forwarded to the device's [`crate::device::DirtyLogging`].
+    pub fn dma_logging_start(&mut self, page_size: u64, ranges: &[IovaRange]) -> Result<u64> {
+        Ok(self.device.dma_logging_start(page_size, ranges)?)
+    }
+
+    /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_REPORT` (read and clear).
+    pub fn dma_logging_report(
+        &mut self,
+        iova: u64,
+        length: u64,
+        page_size: u64,
+    ) -> Result<Vec<u64>> {
+        Ok(self.device.dma_logging_report(iova, length, page_size)?)
+    }
+
+    /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_STOP`.
+    pub fn dma_logging_stop(&mut self) -> Result<()> {
+        Ok(self.device.dma_logging_stop()?)
     }
 
     /// `VFIO_DEVICE_RESET`: closes any stream and returns the device to RUNNING. A failed reset

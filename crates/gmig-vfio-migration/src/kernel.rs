@@ -439,6 +439,15 @@ impl<O: VfioMigrationOps> MigrationTarget for KernelDevice<O> {
     fn reset(&mut self) -> TargetResult<()> {
         KernelDevice::reset(self).map_err(TargetError::from)
     }
+    fn dma_logging_start(&mut self, page_size: u64, ranges: &[IovaRange]) -> TargetResult<u64> {
+        Ok(KernelDevice::dma_logging_start(self, page_size, ranges)?)
+    }
+    fn dma_logging_report(&mut self, range: IovaRange, page_size: u64) -> TargetResult<Vec<u64>> {
+        Ok(KernelDevice::dma_logging_report(self, range, page_size)?)
+    }
+    fn dma_logging_stop(&mut self) -> TargetResult<()> {
+        Ok(KernelDevice::dma_logging_stop(self)?)
+    }
 }
 
 pub mod mock;

@@ -21,6 +21,7 @@ use std::io::{Read, Write};
 
 use crate::device::{DeviceError, MigrationDevice, PrecopyInfo};
 use crate::handle::{HandleError, MigrationHandle, ReadOutcome};
+use crate::kernel::IovaRange;
 use crate::state::{DeviceState, MigrationFeatures};
 
 /// Errors of a migration target or driver.
@@ -71,6 +72,24 @@ pub trait MigrationTarget {
     fn stop_copy_size(&mut self) -> Result<u64>;
     /// `VFIO_DEVICE_RESET`.
     fn reset(&mut self) -> Result<()>;
+
+    /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_START`: log device writes to `ranges` at `page_size`;
+    /// returns the page size used. Default: unsupported.
+    fn dma_logging_start(&mut self, page_size: u64, ranges: &[IovaRange]) -> Result<u64> {
+        let _ = (page_size, ranges);
+        Err(TargetError::Unsupported("DMA logging"))
+    }
+
+    /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_REPORT`: read-and-clear bitmap of `range`.
+    fn dma_logging_report(&mut self, range: IovaRange, page_size: u64) -> Result<Vec<u64>> {
+        let _ = (range, page_size);
+        Err(TargetError::Unsupported("DMA logging"))
+    }
+
+    /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_STOP`.
+    fn dma_logging_stop(&mut self) -> Result<()> {
+        Err(TargetError::Unsupported("DMA logging"))
+    }
 }
 
 impl<D: MigrationDevice> MigrationTarget for MigrationHandle<D> {
@@ -115,6 +134,23 @@ impl<D: MigrationDevice> MigrationTarget for MigrationHandle<D> {
 
     fn reset(&mut self) -> Result<()> {
         Ok(MigrationHandle::reset(self)?)
+    }
+
+    fn dma_logging_start(&mut self, page_size: u64, ranges: &[IovaRange]) -> Result<u64> {
+        Ok(MigrationHandle::dma_logging_start(self, page_size, ranges)?)
+    }
+
+    fn dma_logging_report(&mut self, range: IovaRange, page_size: u64) -> Result<Vec<u64>> {
+        Ok(MigrationHandle::dma_logging_report(
+            self,
+            range.iova,
+            range.length,
+            page_size,
+        )?)
+    }
+
+    fn dma_logging_stop(&mut self) -> Result<()> {
+        Ok(MigrationHandle::dma_logging_stop(self)?)
     }
 }
 
@@ -192,7 +228,7 @@ pub struct MigrationReport {
 /// Options of [`migrate`].
 #[derive(Debug, Clone, Copy)]
 pub struct MigrateOptions {
-    /// Use PRE_COPY when both ends support it.
+    /// Use PRE_COPY when the source supports it (the destination only ever sees RESUMING).
     pub precopy: bool,
     /// Read/write chunk size.
     pub chunk: usize,

@@ -252,15 +252,17 @@ impl BlobDevice {
             s.get(at..at.saturating_add(n))
                 .ok_or_else(|| Self::bad(at, format!("truncated: need {n} bytes")))
         };
-        let u16_at = |at| rd(at, 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let u32_at = |at| rd(at, 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-        let u64_at = |at| {
-            rd(at, 8).map(|b| {
-                let mut a = [0u8; 8];
-                a.copy_from_slice(b);
-                u64::from_le_bytes(a)
-            })
+        let arr = |at: usize, n: usize| -> Result<[u8; 8]> {
+            let mut a = [0u8; 8];
+            let b = rd(at, n)?;
+            if let Some(dst) = a.get_mut(..n) {
+                dst.copy_from_slice(b);
+            }
+            Ok(a)
         };
+        let u16_at = |at| arr(at, 2).map(|a| u16::from_le_bytes([a[0], a[1]]));
+        let u32_at = |at| arr(at, 4).map(|a| u32::from_le_bytes([a[0], a[1], a[2], a[3]]));
+        let u64_at = |at| arr(at, 8).map(u64::from_le_bytes);
         let version = u16_at(4)?;
         if version != VERSION {
             return Err(Self::bad(4, format!("unsupported version {version}")));

@@ -116,20 +116,40 @@ fn report_is_read_and_clear_at_any_page_size() {
 }
 
 #[test]
-fn merge_bitmap_from_software_dirty_detection() {
-    let mut l = DmaLogger::start(K4, &[r(0, 256 * K4)]).unwrap();
-    let mut bm = vec![0u64; 2];
-    bm[0] |= 1 << 5;
-    bm[1] |= 1 << 1; // page 65
-    l.merge_bitmap(0, K4, 128, &bm).unwrap();
-    assert_eq!(bits(&l.report(0, 256 * K4, K4).unwrap()), vec![5, 65]);
-    assert_eq!(
-        l.merge_bitmap(0, K4, 129, &bm).unwrap_err(),
-        DmaLogError::ShortBitmap {
-            words: 2,
-            pages: 129
-        }
-    );
+fn merge_guest_dirty_from_a_hash_diff() {
+    use gmig_dirty::{DirtyBitmap, Gfn, GuestPages, HashSnapshot, Hasher};
+    // Guest RAM of 64 frames at GPA 0; IOVA = GPA.
+    let mut ram = vec![0u8; 64 * 4096];
+    let hasher = Hasher::new(1).unwrap();
+    let mut snap = HashSnapshot::for_range(Gfn(0), 64).unwrap();
+    hasher
+        .record_in_place(&GuestPages::from_slice(Gfn(0), &ram).unwrap(), &mut snap)
+        .unwrap();
+    // The "GPU" writes frames 5 and 40 behind the IOMMU's back.
+    ram[5 * 4096 + 17] = 1;
+    ram[40 * 4096] = 2;
+    let diff = hasher
+        .diff(&GuestPages::from_slice(Gfn(0), &ram).unwrap(), &snap, None)
+        .unwrap();
+    assert_eq!(diff.iter().collect::<Vec<_>>(), vec![Gfn(5), Gfn(40)]);
+    // Only the first 32 frames are DMA-mapped and tracked.
+    let mut l = DmaLogger::start(K4, &[r(0, 32 * K4)]).unwrap();
+    assert_eq!(l.merge_guest_dirty(&diff, 0).unwrap(), 1);
+    let rep = l.report_bitmap(0, 32 * K4, K4).unwrap();
+    assert_eq!(rep.iter().collect::<Vec<_>>(), vec![Gfn(5)]);
+    // The report merges with a KVM dirty log into one CPU + GPU dirty set.
+    let mut all = DirtyBitmap::new(Gfn(0), 64).unwrap();
+    all.merge(&rep).unwrap();
+    all.merge_kvm_log(Gfn(0), 64, &[1 << 9]).unwrap();
+    assert_eq!(all.iter().collect::<Vec<_>>(), vec![Gfn(5), Gfn(9)]);
+    // With an IOVA offset the same frames land elsewhere.
+    let mut l = DmaLogger::start(K4, &[r(1 << 30, 64 * K4)]).unwrap();
+    assert_eq!(l.merge_guest_dirty(&diff, 1 << 30).unwrap(), 2);
+    assert_eq!(bits(&l.report(1 << 30, 64 * K4, K4).unwrap()), vec![5, 40]);
+    // Misaligned report base for a bitmap is refused before anything is cleared.
+    l.mark_dirty(1 << 30, 1);
+    assert!(l.report_bitmap((1 << 30) + 512, K4, K4).is_err());
+    assert_eq!(l.dirty_pages(), 1);
 }
 
 #[test]
@@ -212,4 +232,74 @@ proptest! {
         prop_assert_eq!(l.dirty_pages(), 0);
         prop_assert!(bits(&l.report(0, span, ps).unwrap()).is_empty());
     }
+}
+
+#[test]
+fn same_dma_logging_interface_for_a_gmig_device_and_a_kernel_device() {
+    use gmig_vfio_migration::{MigrationHandle, MigrationTarget};
+    fn exercise<T: MigrationTarget>(t: &mut T, write: &mut dyn FnMut(&mut T, u64, u64)) {
+        let range = r(0, 64 * K4);
+        assert_eq!(t.dma_logging_start(K4, &[range]).unwrap(), K4);
+        write(t, 9 * K4, 3 * K4);
+        assert_eq!(
+            bits(&t.dma_logging_report(range, K4).unwrap()),
+            vec![9, 10, 11]
+        );
+        assert_eq!(
+            bits(&t.dma_logging_report(range, K4).unwrap()),
+            Vec::<u64>::new()
+        );
+        t.dma_logging_stop().unwrap();
+        assert!(t.dma_logging_report(range, K4).is_err());
+    }
+    let f = MigrationFeatures::ALL;
+    let mut h = MigrationHandle::new(BlobDevice::new(4096, 256, 1, f)).unwrap();
+    exercise(&mut h, &mut |h, at, len| h.device_mut().dma_write(at, len));
+    let mut k =
+        KernelDevice::new(MockVfio::new(BlobDevice::new(4096, 256, 1, f)).unwrap()).unwrap();
+    exercise(&mut k, &mut |k, at, len| {
+        k.ops_mut().handle().device_mut().dma_write(at, len);
+    });
+    // A device without DMA logging answers "not supported" through the same interface.
+    struct NoLog;
+    impl MigrationTarget for NoLog {
+        fn features(&mut self) -> gmig_vfio_migration::target::Result<MigrationFeatures> {
+            Ok(MigrationFeatures::STOP_COPY)
+        }
+        fn state(
+            &mut self,
+        ) -> gmig_vfio_migration::target::Result<gmig_vfio_migration::DeviceState> {
+            Ok(gmig_vfio_migration::DeviceState::Running)
+        }
+        fn set_state(
+            &mut self,
+            _: gmig_vfio_migration::DeviceState,
+        ) -> gmig_vfio_migration::target::Result<()> {
+            Ok(())
+        }
+        fn read_data(
+            &mut self,
+            _: &mut [u8],
+        ) -> gmig_vfio_migration::target::Result<gmig_vfio_migration::ReadOutcome> {
+            Ok(gmig_vfio_migration::ReadOutcome::End)
+        }
+        fn write_data(&mut self, _: &[u8]) -> gmig_vfio_migration::target::Result<()> {
+            Ok(())
+        }
+        fn precopy_info(
+            &mut self,
+        ) -> gmig_vfio_migration::target::Result<gmig_vfio_migration::PrecopyInfo> {
+            Ok(Default::default())
+        }
+        fn stop_copy_size(&mut self) -> gmig_vfio_migration::target::Result<u64> {
+            Ok(0)
+        }
+        fn reset(&mut self) -> gmig_vfio_migration::target::Result<()> {
+            Ok(())
+        }
+    }
+    assert!(matches!(
+        NoLog.dma_logging_start(K4, &[r(0, K4)]),
+        Err(gmig_vfio_migration::TargetError::Unsupported(_))
+    ));
 }

@@ -387,14 +387,24 @@ fn read_semantics_precopy_nodata_vs_stopcopy_end() {
     let s = h.set_state(PreCopy).unwrap().new_stream.unwrap();
     let mut buf = vec![0u8; 1000];
     let mut n = 0;
+    let first = h.precopy_info(s.id).unwrap();
+    assert!(first.initial_bytes > 3000);
+    assert_eq!(first.dirty_bytes, 0);
+    let mut last_initial = first.initial_bytes;
     loop {
         match h.read(s.id, &mut buf).unwrap() {
-            ReadOutcome::Data(k) => n += k,
+            ReadOutcome::Data(k) => {
+                n += k;
+                // initial_bytes falls by exactly what was read.
+                let info = h.precopy_info(s.id).unwrap();
+                assert_eq!(info.initial_bytes, last_initial - k as u64);
+                last_initial = info.initial_bytes;
+            }
             ReadOutcome::NoDataNow => break,
             ReadOutcome::End => panic!("End in PRE_COPY"),
         }
     }
-    assert!(n > 3000);
+    assert_eq!(n as u64, first.initial_bytes);
     assert!(h.precopy_info(s.id).unwrap().is_empty());
     // The device runs and dirties state: data is available again, with no End in between.
     assert!(h.device_mut().inner.tick(3));
@@ -490,10 +500,17 @@ proptest! {
                             if before.is_saving() && to.is_saving() {
                                 prop_assert_eq!(h.open_stream(), stream_before);
                             }
-                            if let Some(s) = t.new_stream {
+                            let stays = before == to || (before.is_saving() && to.is_saving());
+                            if to.has_stream() && !stays {
+                                // Entering the saving group or RESUMING: always a fresh stream.
+                                let s = t.new_stream.expect("fresh stream");
                                 prop_assert!(seen_streams.insert(s.id), "stream id reused");
-                                prop_assert!(to.has_stream());
-                                prop_assert!(!before.has_stream() || before == Resuming || to == Resuming);
+                                prop_assert_eq!(h.open_stream(), Some(s));
+                            } else {
+                                prop_assert_eq!(t.new_stream, None);
+                            }
+                            if !to.has_stream() {
+                                prop_assert_eq!(h.open_stream(), None);
                             }
                         }
                         Err(HandleError::Refused(_)) => {

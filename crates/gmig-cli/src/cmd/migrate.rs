@@ -1,13 +1,246 @@
-//! `gmig migrate`.
+//! `gmig migrate`: the destination listens (`--listen`), the source boots a guest, runs it and
+//! migrates it (`--to`), with a progress bar and a summary.
 
-use crate::cli::MigrateArgs;
+use anyhow::{anyhow, Context};
+use gmig_core::checkpoint::RestoreOptions;
+use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_core::migration::scenario::ScenarioReport;
+use gmig_core::migration::vgpu_vm::{parse_vgpu_type, VgpuFactory, VgpuVm};
+use gmig_core::migration::{
+    migrate_destination, migrate_source, source_handle, MigrationConfig, MigrationPhase,
+    MigrationReport, Policy, Progress,
+};
+use gmig_core::transport::{Connection, Endpoint, Throttled};
+use gmig_core::workload::{Profile, WorkloadConfig};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::cli::{MigrateArgs, PolicyArg, ProfileArg};
 use crate::exit::Failure;
+
+/// The engine's policy for a CLI policy.
+pub fn policy_of(p: PolicyArg) -> Policy {
+    match p {
+        PolicyArg::StopAndCopy => Policy::StopAndCopy,
+        PolicyArg::Iterative => Policy::Iterative,
+        PolicyArg::OneShot => Policy::OneShot,
+        PolicyArg::OneShotNarrow => Policy::OneShotNarrow,
+    }
+}
+
+fn profile_of(p: ProfileArg) -> Profile {
+    match p {
+        ProfileArg::Idle => Profile::Idle,
+        ProfileArg::Desktop => Profile::Desktop,
+        ProfileArg::ThreeD => Profile::ThreeD,
+        ProfileArg::Video => Profile::Video,
+        ProfileArg::Compute => Profile::Compute,
+    }
+}
+
+/// A progress bar on stderr (hidden with `hidden`, or when stderr is not a terminal) and the
+/// callback that drives it.
+pub fn progress_bar(hidden: bool) -> (ProgressBar, impl FnMut(&Progress)) {
+    let bar = if hidden {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr())
+    };
+    if let Ok(style) = ProgressStyle::with_template("{spinner} [{bar:40}] {pos}/{len} pages  {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let b = bar.clone();
+    let cb = move |p: &Progress| {
+        b.set_length(p.pages_hint.max(p.pages));
+        b.set_position(p.pages);
+        b.set_message(format!("{} {} on the wire", p.phase, human_bytes(p.bytes)));
+    };
+    (bar, cb)
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
+    } else {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    }
+}
+
+fn print_report(r: &MigrationReport) {
+    println!("policy            {}", r.policy.name());
+    println!(
+        "downtime          {:.2} ms (quiesce {:.2}, hash {:.2} overlapped with transfer {:.2}, restore {:.2}, remap {:.2})",
+        r.downtime_ms, r.quiesce_ms, r.hash_ms, r.transfer_ms, r.restore_ms, r.remap_ms
+    );
+    println!(
+        "pre-copy          {:.1} ms, {} round(s), {} frames ran meanwhile",
+        r.precopy_ms, r.rounds, r.steps_during_precopy
+    );
+    println!(
+        "pages             {} pre-copy + {} stop-copy = {} ({} zero markers), {} re-hashed in downtime{}",
+        r.pages_precopy,
+        r.pages_stop_copy,
+        r.pages_total,
+        r.zero_pages,
+        r.pages_rehashed,
+        if r.widened { " (widened: unknown write set)" } else { "" }
+    );
+    println!(
+        "bytes             {} pre-copy + {} stop-copy = {} on the wire",
+        human_bytes(r.bytes_precopy),
+        human_bytes(r.bytes_stop_copy),
+        human_bytes(r.bytes_on_wire)
+    );
+    println!("drained workloads {}", r.drained_workloads);
+}
+
+/// Print a scenario report for people.
+pub fn print_human(r: &ScenarioReport) {
+    println!(
+        "{} vGPU {} MiB, profile {}, {} frames, link {}",
+        if r.identical { "✔" } else { "✘" },
+        r.vgpu_type,
+        r.profile,
+        r.frames,
+        r.link_gbps
+            .map_or("unlimited".to_string(), |g| format!("{g} Gbit/s"))
+    );
+    println!(
+        "slices            source 0x{:x}/0x{:x} -> destination 0x{:x}/0x{:x}",
+        r.source_slices[0], r.source_slices[1], r.dest_slices[0], r.dest_slices[1]
+    );
+    print_report(&r.report);
+    println!(
+        "identical         {}",
+        if r.identical {
+            "yes: destination equals the unmigrated run"
+        } else {
+            "NO"
+        }
+    );
+}
+
+fn engine_cfg(args: &MigrateArgs) -> MigrationConfig {
+    let mut cfg = MigrationConfig::new(policy_of(args.policy));
+    cfg.max_drain = args.max_drain;
+    cfg.step_every_batches = 8;
+    cfg
+}
+
+fn vgpu_type(args: &MigrateArgs) -> anyhow::Result<VgpuType> {
+    parse_vgpu_type(&args.vgpu_type).ok_or_else(|| {
+        anyhow!(
+            "unknown vGPU type `{}` (use 64+384, 128+512, 256+1024 or 512+2048)",
+            args.vgpu_type
+        )
+    })
+}
 
 /// Run `gmig migrate`.
 pub fn run(args: &MigrateArgs, json: bool) -> Result<(), Failure> {
-    let _ = (args, json);
-    Err(Failure::not_built(
-        "migrate",
-        "issue 7 (the migration engine)",
-    ))
+    match (args.listen, args.to) {
+        (Some(addr), _) => destination(args, &Endpoint::Tcp(addr), json),
+        (None, Some(addr)) => source(args, &Endpoint::Tcp(addr), json),
+        (None, None) => Err(Failure::Error(anyhow!("give --listen ADDR or --to ADDR"))),
+    }
+}
+
+fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> {
+    let ty = vgpu_type(args)?;
+    // This host already runs another vGPU, so the incoming one lands at other offsets.
+    let mut pm = PartitionManager::new(HostConfig::default()).context("host")?;
+    pm.place(VgpuType::V5_4)
+        .context("placing a neighbour vGPU")?;
+    let (_, slices) = pm.place(ty).context("placing the incoming vGPU")?;
+    let listener = ep.listen().context("listening")?;
+    if !json {
+        eprintln!("gmig: waiting for a migration on {ep}");
+    }
+    let conn = listener.accept().context("accepting")?;
+    let factory = VgpuFactory {
+        gen: gmig_cmdparser::Gen::Gen9,
+        ty,
+        slices,
+        ram_bytes: args.ram_mib << 20,
+        opts: RestoreOptions::default(),
+    };
+    let (mut vm, rep) =
+        migrate_destination(factory, conn, &engine_cfg(args)).context("incoming migration")?;
+    let queued = vm.run_queued();
+    let faults = vm.vgpu().faults().len();
+    if json {
+        let obj = serde_json::json!({
+            "ok": true,
+            "role": "destination",
+            "pages_received": rep.pages,
+            "bytes_received": rep.bytes,
+            "restore_ms": rep.times.restore_ns as f64 / 1e6,
+            "remap_ms": rep.times.remap_ns as f64 / 1e6,
+            "carried_workloads_run": queued,
+            "gpu_faults": faults,
+            "slices": [slices.aperture.base.0, slices.hidden.base.0],
+        });
+        println!("{obj}");
+    } else {
+        println!(
+            "received {} pages ({}), restored in {:.3} ms + remapped in {:.3} ms onto slices 0x{:x}/0x{:x}; ran {} carried workload(s), {} GPU fault(s)",
+            rep.pages,
+            human_bytes(rep.bytes),
+            rep.times.restore_ns as f64 / 1e6,
+            rep.times.remap_ns as f64 / 1e6,
+            slices.aperture.base.0,
+            slices.hidden.base.0,
+            queued,
+            faults
+        );
+    }
+    Ok(())
+}
+
+fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> {
+    let ty = vgpu_type(args)?;
+    let mut pm = PartitionManager::new(HostConfig::default()).context("host")?;
+    let (_, slices) = pm.place(ty).context("placing the vGPU")?;
+    let mut vm = VgpuVm::boot(
+        ty,
+        slices,
+        args.ram_mib << 20,
+        profile_of(args.profile),
+        WorkloadConfig::default(),
+        args.seed,
+    )
+    .context("booting the guest")?;
+    vm.run_steps(args.frames_before)
+        .context("running the guest")?;
+    let conn = ep.connect().context("connecting")?;
+    let conn: Box<dyn Connection> = match args.link_gbps {
+        Some(g) => Box::new(Throttled::new(conn, g).context("link speed")?),
+        None => conn,
+    };
+    let cfg = engine_cfg(args);
+    let mut handle = source_handle(vm, &cfg).context("migration handle")?;
+    let (bar, mut progress) = progress_bar(json);
+    let result = migrate_source(&mut handle, conn, &cfg, &mut progress);
+    bar.finish_and_clear();
+    match result {
+        Ok(report) => {
+            if json {
+                let mut obj = serde_json::to_value(&report).context("encoding")?;
+                if let Some(m) = obj.as_object_mut() {
+                    m.insert("ok".into(), true.into());
+                    m.insert("role".into(), "source".into());
+                }
+                println!("{obj}");
+            } else {
+                print_report(&report);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let phase = MigrationPhase::from(&e);
+            Err(Failure::Error(anyhow!(
+                "migration failed during {phase}: {e}; the vGPU is running on the source again"
+            )))
+        }
+    }
 }

@@ -341,7 +341,7 @@ impl<V: MigratableVm> SourceDevice<V> {
 
         let mem = self.vm.memory().clone();
         let hasher = Arc::clone(&self.hasher);
-        let (tx, rx) = sync_channel::<Vec<Gfn>>(64);
+        let (tx, rx) = sync_channel::<Vec<Gfn>>(4096);
         let thread = std::thread::spawn(move || -> PipelineResult {
             let t = Instant::now();
             let pages = GuestPages::new(&mem).map_err(|e| failed("guest memory", e))?;

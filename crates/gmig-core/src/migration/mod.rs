@@ -23,6 +23,7 @@
 //! destination (if the Commit was lost too, the stopped source still holds the whole state).
 
 pub mod device;
+pub mod scenario;
 pub mod toy;
 pub mod vgpu_vm;
 
@@ -289,7 +290,7 @@ impl MigrationConfig {
             step_every_batches: 1,
             max_rounds: 8,
             converge_pages: 64,
-            hash_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            hash_threads: std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
             limits: StreamLimits::default(),
             timeout: Duration::from_secs(30),
             chunk: 256 * 1024,
@@ -766,13 +767,10 @@ pub fn record_stream<V: MigratableVm>(vm: V, cfg: &MigrationConfig) -> Result<(V
         .map_err(dev_err(MigrationPhase::StopCopy))?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match MigrationTarget::read_data(&mut handle, &mut buf)
-            .map_err(dev_err(MigrationPhase::StopCopy))?
-        {
-            ReadOutcome::Data(n) => out.extend_from_slice(&buf[..n]),
-            _ => break,
-        }
+    while let ReadOutcome::Data(n) = MigrationTarget::read_data(&mut handle, &mut buf)
+        .map_err(dev_err(MigrationPhase::StopCopy))?
+    {
+        out.extend_from_slice(&buf[..n]);
     }
     MigrationTarget::set_state(&mut handle, DeviceState::Running)
         .map_err(dev_err(MigrationPhase::StopCopy))?;

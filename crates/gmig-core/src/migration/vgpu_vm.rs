@@ -118,6 +118,12 @@ impl VgpuVm {
         Ok(())
     }
 
+    /// Run the workloads still queued (on a destination with no guest driver attached: the
+    /// carried queue). Returns how many ran.
+    pub fn run_queued(&mut self) -> usize {
+        self.vgpu.run_until_idle()
+    }
+
     /// Run `n` steps.
     pub fn run_steps(&mut self, n: u64) -> Result<(), VmError> {
         for _ in 0..n {

@@ -1,0 +1,173 @@
+//! A whole migration scenario in one process: boot a guest on a source host, run it, migrate it
+//! over loopback TCP to a destination host that places its slices elsewhere, continue it there,
+//! and compare the result with the same guest never migrated. `gmig demo` and the benchmarks use
+//! it.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::thread;
+
+use serde::Serialize;
+
+use super::vgpu_vm::{type_id, VgpuFactory, VgpuVm};
+use super::{
+    migrate_destination, migrate_source, source_handle, MigrationConfig, MigrationError,
+    MigrationPhase, MigrationReport, Policy, Progress, Result, VmError,
+};
+use crate::checkpoint::RestoreOptions;
+use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use crate::transport::{Connection, Endpoint, Throttled};
+use crate::vgpu::compare_guest_visible;
+use crate::workload::{Profile, WorkloadConfig};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Guest workload.
+    pub profile: Profile,
+    /// vGPU type.
+    pub ty: VgpuType,
+    /// Guest RAM in bytes.
+    pub ram_bytes: u64,
+    /// Workload sizes.
+    pub workload: WorkloadConfig,
+    /// Workload seed.
+    pub seed: u64,
+    /// Frames before the migration starts.
+    pub frames_before: u64,
+    /// Frames on the destination after it.
+    pub frames_after: u64,
+    /// Engine settings (the policy among them).
+    pub cfg: MigrationConfig,
+    /// Emulated link speed (unlimited when `None`).
+    pub link_gbps: Option<f64>,
+}
+
+impl Scenario {
+    /// The demo: `desktop` at 1024×768 with six windows, a 64+384 MiB vGPU, 128 MiB of guest RAM,
+    /// five frames before and after.
+    pub fn demo(policy: Policy, seed: u64) -> Self {
+        let mut cfg = MigrationConfig::new(policy);
+        cfg.step_every_batches = 8;
+        Self {
+            profile: Profile::Desktop,
+            ty: VgpuType::V5_8,
+            ram_bytes: 128 << 20,
+            workload: WorkloadConfig::default(),
+            seed,
+            frames_before: 5,
+            frames_after: 5,
+            cfg,
+            link_gbps: None,
+        }
+    }
+}
+
+/// What a scenario measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ScenarioReport {
+    /// The engine's report.
+    #[serde(flatten)]
+    pub report: MigrationReport,
+    /// The destination's guest-visible state equals the unmigrated reference run's.
+    pub identical: bool,
+    /// Workload profile.
+    pub profile: &'static str,
+    /// vGPU type as aperture+hidden MiB.
+    pub vgpu_type: String,
+    /// Frames the guest ran in all.
+    pub frames: u64,
+    /// Emulated link speed, if any.
+    pub link_gbps: Option<f64>,
+    /// Source slices (aperture, hidden GGTT offsets).
+    pub source_slices: [u64; 2],
+    /// Destination slices.
+    pub dest_slices: [u64; 2],
+}
+
+fn vm_err(phase: MigrationPhase) -> impl Fn(VmError) -> MigrationError {
+    move |source| MigrationError::Vm { phase, source }
+}
+
+fn hosts(ty: VgpuType) -> Result<(VgpuSlices, VgpuSlices)> {
+    let cfg_err = |e: crate::gm::GmError| MigrationError::Config(format!("placement: {e}"));
+    let mut src = PartitionManager::new(HostConfig::default()).map_err(cfg_err)?;
+    let (_, s) = src.place(ty).map_err(cfg_err)?;
+    // The destination already runs another vGPU, so the migrant lands elsewhere.
+    let mut dst = PartitionManager::new(HostConfig::default()).map_err(cfg_err)?;
+    dst.place(VgpuType::V5_4).map_err(cfg_err)?;
+    let (_, d) = dst.place_avoiding(ty, Some(&s)).map_err(cfg_err)?;
+    Ok((s, d))
+}
+
+/// Run `s`: source and destination in this process over loopback TCP.
+pub fn run_loopback(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result<ScenarioReport> {
+    use MigrationPhase as P;
+    let (src_slices, dst_slices) = hosts(s.ty)?;
+    let boot = || VgpuVm::boot(s.ty, src_slices, s.ram_bytes, s.profile, s.workload, s.seed);
+    let mut vm = boot().map_err(vm_err(P::Handshake))?;
+    vm.run_steps(s.frames_before)
+        .map_err(vm_err(P::Handshake))?;
+
+    let listener = Endpoint::Tcp(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .listen()
+        .map_err(|e| MigrationError::Config(e.to_string()))?;
+    let endpoint = listener
+        .endpoint()
+        .map_err(|e| MigrationError::Config(e.to_string()))?;
+    let factory = VgpuFactory {
+        gen: vm.vgpu().config().gen,
+        ty: s.ty,
+        slices: dst_slices,
+        ram_bytes: s.ram_bytes,
+        opts: RestoreOptions::default(),
+    };
+    let dcfg = s.cfg.clone();
+    let dest = thread::spawn(move || {
+        let conn = listener
+            .accept()
+            .map_err(|e| MigrationError::Config(e.to_string()))?;
+        migrate_destination(factory, conn, &dcfg)
+    });
+    let conn = endpoint
+        .connect()
+        .map_err(|e| MigrationError::Config(e.to_string()))?;
+    let conn: Box<dyn Connection> = match s.link_gbps {
+        Some(g) => {
+            Box::new(Throttled::new(conn, g).map_err(|e| MigrationError::Config(e.to_string()))?)
+        }
+        None => conn,
+    };
+    let mut handle = source_handle(vm, &s.cfg)?;
+    let result = migrate_source(&mut handle, conn, &s.cfg, progress);
+    let dest = dest
+        .join()
+        .map_err(|_| MigrationError::Config("destination thread panicked".into()))?;
+    let report = result?;
+    let (mut moved, _) = dest?;
+    let mut src = handle.into_device().into_vm();
+    let driver = src
+        .take_driver()
+        .ok_or_else(|| MigrationError::Config("source lost its guest driver".into()))?;
+    moved.attach_driver(driver);
+    moved.run_steps(s.frames_after).map_err(vm_err(P::Resume))?;
+    moved.finish().map_err(vm_err(P::Resume))?;
+
+    let mut reference = boot().map_err(vm_err(P::Resume))?;
+    reference
+        .run_steps(moved.frames())
+        .map_err(vm_err(P::Resume))?;
+    reference.finish().map_err(vm_err(P::Resume))?;
+    let identical = reference.frames() == moved.frames()
+        && compare_guest_visible(reference.vgpu(), moved.vgpu()).is_identical();
+    let id = type_id(s.ty);
+    Ok(ScenarioReport {
+        report,
+        identical,
+        profile: s.profile.name(),
+        vgpu_type: format!("{}+{}", id.aperture_mib, id.hidden_mib),
+        frames: moved.frames(),
+        link_gbps: s.link_gbps,
+        source_slices: [src_slices.aperture.base.0, src_slices.hidden.base.0],
+        dest_slices: [dst_slices.aperture.base.0, dst_slices.hidden.base.0],
+    })
+}
