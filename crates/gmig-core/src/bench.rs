@@ -128,7 +128,8 @@ pub struct BenchSample {
     pub read_gbps: f64,
     /// Link term of the bound: stop-copy bytes at the link rate, ms (0 when unlimited).
     pub bound_link_ms: f64,
-    /// Hash term of the bound: re-hashed bytes at the read bandwidth, ms.
+    /// Memory term of the bound: the pages re-hashed (or, where more, sent) in downtime at the
+    /// read bandwidth, ms.
     pub bound_hash_ms: f64,
     /// The lower bound, ms.
     pub bound_ms: f64,
@@ -137,11 +138,12 @@ pub struct BenchSample {
 }
 
 /// The lower bound on downtime for `stop_copy_bytes` over a link of `link_gbps` (unlimited when
-/// `None`) and `rehashed_pages` re-hashed at `read_gbps`. Returns `(link_ms, hash_ms)`.
+/// `None`) and `read_pages` that must be read in downtime at `read_gbps`. Returns
+/// `(link_ms, hash_ms)`.
 pub fn lower_bound_ms(
     stop_copy_bytes: u64,
     link_gbps: Option<f64>,
-    rehashed_pages: u64,
+    read_pages: u64,
     read_gbps: f64,
 ) -> (f64, f64) {
     let link_ms = match link_gbps {
@@ -149,7 +151,7 @@ pub fn lower_bound_ms(
         _ => 0.0,
     };
     let hash_ms = if read_gbps > 0.0 {
-        (rehashed_pages * PAGE_SIZE) as f64 / (read_gbps * 1e9) * 1e3
+        (read_pages * PAGE_SIZE) as f64 / (read_gbps * 1e9) * 1e3
     } else {
         0.0
     };
@@ -255,7 +257,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     let (bound_link_ms, bound_hash_ms) = lower_bound_ms(
         report.bytes_stop_copy,
         case.link_gbps,
-        report.pages_rehashed,
+        report.pages_rehashed.max(report.pages_stop_copy),
         read_gbps,
     );
     Ok(BenchSample {
