@@ -213,6 +213,10 @@ pub struct BenchCommonArgs {
     /// The small (256×192) workload instead of 1024×768 (smoke tests).
     #[arg(long)]
     pub small_workload: bool,
+    /// Stop the source only once the destination has applied every pre-copy byte (emulates a
+    /// destination-acknowledged switch-over; the engine stops as soon as it has written them).
+    #[arg(long)]
+    pub sync_precopy: bool,
     /// Write JSON, Markdown and SVG plots into this directory.
     #[arg(long)]
     pub out: Option<PathBuf>,

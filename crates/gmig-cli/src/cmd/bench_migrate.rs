@@ -74,6 +74,7 @@ struct Matrix {
     seed: u64,
     ram_mib: Option<u64>,
     small_workload: bool,
+    sync_precopy: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
     extra: Vec<(Profile, VgpuType, Policy, Option<f64>)>,
@@ -137,6 +138,7 @@ impl Matrix {
             seed: c.seed,
             ram_mib: c.ram_mib,
             small_workload: c.small_workload,
+            sync_precopy: c.sync_precopy,
             extra: Vec::new(),
         })
     }
@@ -165,6 +167,7 @@ impl Matrix {
         c.seed = self.seed;
         c.hash_threads = self.threads;
         c.ram_bytes = self.ram_mib.map(|m| m << 20);
+        c.sync_precopy = self.sync_precopy;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
         }
@@ -189,6 +192,8 @@ pub struct Row {
     pub link_gbps: Option<f64>,
     /// Repetitions.
     pub reps: usize,
+    /// Whether the switch-over waited for the destination to apply the pre-copy stream.
+    pub sync_precopy: bool,
     /// Downtime percentiles, ms.
     pub downtime_ms: Summary,
     /// Every repetition's downtime, ms.
@@ -266,6 +271,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         policy: case.policy.name().to_owned(),
         link_gbps: case.link_gbps,
         reps: samples.len(),
+        sync_precopy: case.sync_precopy,
         downtime_ms,
         downtime_samples_ms: downtimes,
         total_ms,
@@ -566,7 +572,7 @@ pub fn migrate(args: &BenchMigrateArgs, json: bool) -> Result<(), Failure> {
     } else {
         args.policies.iter().map(|p| policy_of(*p)).collect()
     };
-    let mut m = if args.quick {
+    let m = if args.quick {
         let mut m = Matrix::from_common(
             c,
             policies,
