@@ -124,9 +124,9 @@ impl Matrix {
         if c.ram_mib == Some(0) {
             bail!("--ram-mib must be at least 1");
         }
-        let threads = c
-            .threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let threads = c.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+        });
         Ok(Matrix {
             profiles,
             types: vgpu_types.iter().map(|t| type_name(*t)).collect(),
@@ -549,7 +549,7 @@ fn markdown_targets(targets: &[Target]) -> String {
 
 fn machine() -> serde_json::Value {
     serde_json::json!({
-        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         "os": std::env::consts::OS,
         "arch": std::env::consts::ARCH,
         "gmig_version": env!("CARGO_PKG_VERSION"),
@@ -910,7 +910,7 @@ fn plot_by_policy(path: &Path, rows: &[Row]) -> anyhow::Result<()> {
         let (x, y) = chart.plotting_area().map_coordinate(&(i as f64 + 0.5, lo));
         root.draw(&Text::new(
             p.clone(),
-            (x - 4 * p.len() as i32, y + 8),
+            (x - 4 * i32::try_from(p.len()).unwrap_or(0), y + 8),
             ("sans-serif", 15),
         ))
         .map_err(plot_err)?;
