@@ -217,6 +217,10 @@ pub struct BenchCommonArgs {
     /// destination-acknowledged switch-over; the engine stops as soon as it has written them).
     #[arg(long)]
     pub sync_precopy: bool,
+    /// Leave untouched guest pages unbacked (they then read from the kernel's shared zero page,
+    /// in cache, which flatters hashing); by default every page is backed before migrating.
+    #[arg(long)]
+    pub untouched_memory: bool,
     /// Write JSON, Markdown and SVG plots into this directory.
     #[arg(long)]
     pub out: Option<PathBuf>,

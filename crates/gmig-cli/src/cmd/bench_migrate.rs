@@ -75,6 +75,7 @@ struct Matrix {
     ram_mib: Option<u64>,
     small_workload: bool,
     sync_precopy: bool,
+    touch_memory: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
     extra: Vec<(Profile, VgpuType, Policy, Option<f64>)>,
@@ -139,6 +140,7 @@ impl Matrix {
             ram_mib: c.ram_mib,
             small_workload: c.small_workload,
             sync_precopy: c.sync_precopy,
+            touch_memory: !c.untouched_memory,
             extra: Vec::new(),
         })
     }
@@ -168,6 +170,7 @@ impl Matrix {
         c.hash_threads = self.threads;
         c.ram_bytes = self.ram_mib.map(|m| m << 20);
         c.sync_precopy = self.sync_precopy;
+        c.touch_memory = self.touch_memory;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
         }
