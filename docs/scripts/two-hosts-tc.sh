@@ -16,6 +16,7 @@ GMIG=${GMIG:-target/release/gmig}
 SRC=gmig-src-$$ DST=gmig-dst-$$ VS=gmigs$$ VD=gmigd$$
 SRC_IP=127.10.0.1 DST_IP=127.10.0.2 PORT=7700
 OUTDIR=${OUTDIR:-$(mktemp -d)}
+mkdir -p "$OUTDIR"
 
 cleanup() {
     ip netns del "$SRC" 2>/dev/null || true
