@@ -1,6 +1,5 @@
 //! Command-line surface of `gmig`. Every subcommand's arguments are declared here.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -122,12 +121,13 @@ pub enum ProfileArg {
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Destination: listen on this address for an incoming migration.
+    /// Destination: listen on this address for an incoming migration (HOST:PORT, or
+    /// unix:PATH for a Unix socket).
     #[arg(long, conflicts_with = "to")]
-    pub listen: Option<SocketAddr>,
-    /// Source: migrate to the destination listening at this address.
+    pub listen: Option<String>,
+    /// Source: migrate to the destination listening at this address (HOST:PORT or unix:PATH).
     #[arg(long, required_unless_present = "listen")]
-    pub to: Option<SocketAddr>,
+    pub to: Option<String>,
     /// Guest workload running during the migration.
     #[arg(long, value_enum, default_value = "desktop")]
     pub profile: ProfileArg,
@@ -176,9 +176,10 @@ pub enum BenchWhat {
         /// Hashing kernel (default: the widest this CPU runs).
         #[arg(long, value_enum, default_value_t = HashKernelArg::Auto)]
         kernel: HashKernelArg,
-        /// Do not prefetch the next page while hashing.
+        /// Prefetch distance in pages while hashing (0: no software prefetch; default: chosen for
+        /// this CPU, 0 on AMD and 1 elsewhere).
         #[arg(long)]
-        no_prefetch: bool,
+        prefetch_pages: Option<usize>,
     },
     /// The migration matrix: profiles × vGPU types × policies × link speeds × repetitions.
     Migrate(BenchMigrateArgs),

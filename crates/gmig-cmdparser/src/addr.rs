@@ -177,6 +177,7 @@ impl Slice {
 
     /// Whether `[start, start + len)` lies wholly inside the slice (`len == 0` counts as the
     /// single byte at `start`).
+    #[inline]
     pub fn contains(&self, start: u64, len: u64) -> bool {
         let len = len.max(1);
         match start.checked_add(len) {
@@ -224,6 +225,7 @@ impl VgpuSlices {
     }
 
     /// The slice that wholly contains `[start, start + len)`, if any.
+    #[inline]
     pub fn classify(&self, start: u64, len: u64) -> Option<SliceKind> {
         if self.aperture.contains(start, len) {
             Some(SliceKind::Aperture)
@@ -240,7 +242,9 @@ impl VgpuSlices {
         self.classify(start, len).is_some()
     }
 
-    fn slice(&self, kind: SliceKind) -> &Slice {
+    /// The slice of `kind`.
+    #[inline]
+    pub fn slice(&self, kind: SliceKind) -> &Slice {
         match kind {
             SliceKind::Aperture => &self.aperture,
             SliceKind::Hidden => &self.hidden,

@@ -128,8 +128,12 @@ pub(crate) fn reg_of(dw: u32) -> u32 {
 
 /// Audits everything about `cmd` except its GGTT ranges (checked by the caller against the
 /// slices it cares about).
+#[inline]
 pub(crate) fn audit_shape(cmd: &Decoded<'_>, ctx: &BatchContext) -> Result<()> {
     let d = cmd.desc;
+    if d.flags == Flags::NONE && d.hook == Hook::None {
+        return Ok(());
+    }
     let offset = cmd.offset;
     let name = d.name;
     if d.flags.has(Flags::REFUSED) {
@@ -258,6 +262,10 @@ pub fn audit_buffer(
     let mut dec = crate::decode::Decoder::new(gen, engine, dwords);
     while let Some(cmd) = dec.next()? {
         audit_shape(&cmd, ctx)?;
+        rep.commands += 1;
+        if cmd.desc.addrs.is_empty() {
+            continue;
+        }
         for u in cmd.addresses(ctx) {
             match u.space {
                 AddressSpace::Ggtt => {
@@ -267,7 +275,6 @@ pub fn audit_buffer(
                 AddressSpace::Ppgtt => rep.ppgtt_uses += 1,
             }
         }
-        rep.commands += 1;
     }
     Ok(rep)
 }

@@ -138,10 +138,16 @@ pub struct AddressUse {
     /// First byte of the range the command touches through it (may differ from `addr`, e.g. a
     /// blit's rectangle).
     pub start: u64,
-    /// Bytes touched from `start` (`>= 1`; `1` when `bounded` is false).
+    /// Bytes touched from `start` (`1` when `bounded` is false; `0` for an empty blit;
+    /// [`INVALID_LEN`] when the command's range does not fit the address space, which the audit
+    /// refuses and write sets treat as unknown).
     pub len: u64,
     /// Whether `len` is a real bound (false: only `start` is known).
     pub bounded: bool,
+    /// Width of the field.
+    pub width: Width,
+    /// Lowest address bit of the field (bits below it belong to other fields).
+    pub lo: u8,
 }
 
 /// One decoded command, borrowing its dwords from the buffer.
@@ -163,6 +169,11 @@ impl<'a> Decoded<'a> {
     /// DW0.
     pub fn dw0(&self) -> u32 {
         self.dwords.first().copied().unwrap_or(0)
+    }
+
+    /// Dword `i` of the command (DW0 is 0), if the command is that long.
+    pub fn dword(&self, i: usize) -> Option<u32> {
+        self.dwords.get(i).copied()
     }
 
     /// Length in dwords.
@@ -205,6 +216,7 @@ pub struct AddressIter<'a> {
 impl Iterator for AddressIter<'_> {
     type Item = AddressUse;
 
+    #[inline]
     fn next(&mut self) -> Option<AddressUse> {
         loop {
             let f = self.fields.get(self.field)?;
@@ -231,10 +243,12 @@ impl Iterator for AddressIter<'_> {
     }
 }
 
+#[inline]
 fn dword_at(dwords: &[u32], i: usize) -> u32 {
     dwords.get(i).copied().unwrap_or(0)
 }
 
+#[inline]
 fn bits(v: u32, lo: u8, n: u8) -> u32 {
     let shifted = v.checked_shr(u32::from(lo)).unwrap_or(0);
     if n >= 32 {
@@ -244,6 +258,7 @@ fn bits(v: u32, lo: u8, n: u8) -> u32 {
     }
 }
 
+#[inline]
 fn cond_holds(c: Cond, dwords: &[u32], base: usize) -> bool {
     match c {
         Cond::Always => true,
@@ -254,7 +269,11 @@ fn cond_holds(c: Cond, dwords: &[u32], base: usize) -> bool {
     }
 }
 
+/// `AddressUse::len` of a range that does not fit the address space (see [`AddressUse`]).
+pub const INVALID_LEN: u64 = u64::MAX;
+
 /// Raw little-endian value of an address field at dword `at`.
+#[inline]
 pub(crate) fn field_raw(width: Width, dwords: &[u32], at: usize) -> u64 {
     let lo = u64::from(dword_at(dwords, at));
     match width {
@@ -263,6 +282,7 @@ pub(crate) fn field_raw(width: Width, dwords: &[u32], at: usize) -> u64 {
     }
 }
 
+#[inline]
 fn address_use(
     f: &AddrField,
     dwords: &[u32],
@@ -272,9 +292,15 @@ fn address_use(
 ) -> AddressUse {
     let addr = field_raw(f.width, dwords, at) & f.mask();
     let space = table::resolve_space(f.space, dwords, implicit);
-    let (start, len, bounded) = match range_of(f.size, dwords, base, addr) {
-        Some((s, l)) => (s, l, true),
-        None => (addr, 1, false),
+    let (start, len, bounded) = match f.size {
+        SizeRule::Unknown => (addr, 1, false),
+        rule => match range_of(rule, dwords, base, addr) {
+            Some((s, l)) => (s, l, true),
+            // The size rule applies but its range does not fit the 64-bit address space (a huge
+            // negative pitch, an overflowing size): an invalid range that no audit passes and no
+            // write set bounds.
+            None => (addr, INVALID_LEN, true),
+        },
     };
     AddressUse {
         name: f.name,
@@ -285,6 +311,8 @@ fn address_use(
         start,
         len,
         bounded,
+        width: f.width,
+        lo: f.lo,
     }
 }
 
@@ -342,10 +370,12 @@ fn xy(v: u32) -> (u32, u32) {
     (v & 0xffff, v >> 16)
 }
 
-/// The byte range `[start, start+len)` the size rule gives, or `None` when unbounded.
+/// The byte range `[start, start+len)` the size rule gives, or `None` when it does not fit the
+/// address space (or the rule is `Unknown`, which the caller handles first).
+#[inline]
 fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u64, u64)> {
     let d = |i: usize| dword_at(dwords, i);
-    match rule {
+    let r = match rule {
         SizeRule::Unknown => None,
         SizeRule::Fixed(n) => Some((addr, u64::from(n))),
         SizeRule::TrailingDwords { first } => {
@@ -363,11 +393,7 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
             let len = v
                 .checked_mul(u64::from(scale))?
                 .checked_add(u64::from(add))?;
-            if len == 0 {
-                None
-            } else {
-                Some((addr, len))
-            }
+            Some((addr, len))
         }
         SizeRule::XyDst | SizeRule::XySrc => {
             let br13 = d(1);
@@ -440,7 +466,8 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
                 },
             )
         }
-    }
+    };
+    r.filter(|(s, l)| s.checked_add(*l).is_some())
 }
 
 /// Lazy decoder over a command buffer.
@@ -448,6 +475,7 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
 pub struct Decoder<'a> {
     gen: Gen,
     engine: Engine,
+    table: table::Table,
     dwords: &'a [u32],
     pos: usize,
     done: bool,
@@ -459,6 +487,7 @@ impl<'a> Decoder<'a> {
         Decoder {
             gen,
             engine,
+            table: table::Table::new(gen, engine),
             dwords,
             pos: 0,
             done: false,
@@ -473,6 +502,7 @@ impl<'a> Decoder<'a> {
     /// The next command, `Ok(None)` at the end, or the first error (after which the decoder is
     /// empty for good).
     #[allow(clippy::should_implement_trait)]
+    #[inline]
     pub fn next(&mut self) -> Result<Option<Decoded<'a>>, DecodeError> {
         if self.done {
             return Ok(None);
@@ -484,7 +514,7 @@ impl<'a> Decoder<'a> {
                 return Ok(None);
             }
         };
-        match decode_one(self.gen, self.engine, rest, self.pos) {
+        match decode_with(self.table, self.gen, self.engine, rest, self.pos) {
             Ok(d) => {
                 self.pos += d.dwords.len();
                 Ok(Some(d))
@@ -500,6 +530,7 @@ impl<'a> Decoder<'a> {
 impl<'a> Iterator for Decoder<'a> {
     type Item = Result<Decoded<'a>, DecodeError>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         Decoder::next(self).transpose()
     }
@@ -513,13 +544,26 @@ pub fn decode_one(
     rest: &[u32],
     offset: usize,
 ) -> Result<Decoded<'_>, DecodeError> {
+    decode_with(table::Table::new(gen, engine), gen, engine, rest, offset)
+}
+
+#[inline]
+fn decode_with(
+    table: table::Table,
+    gen: Gen,
+    engine: Engine,
+    rest: &[u32],
+    offset: usize,
+) -> Result<Decoded<'_>, DecodeError> {
     let dw0 = *rest.first().ok_or(DecodeError::Truncated {
         offset,
         name: "?",
         len: 1,
         available: 0,
     })?;
-    let desc = table::lookup(gen, engine, dw0).ok_or(DecodeError::UnknownOpcode { offset, dw0 })?;
+    let desc = table
+        .lookup(dw0)
+        .ok_or(DecodeError::UnknownOpcode { offset, dw0 })?;
     let len = desc.len_of(dw0);
     let bad = |len| DecodeError::BadLength {
         offset,

@@ -70,6 +70,7 @@ pub use addr::{
 pub use audit::{audit, audit_buffer, AuditError, AuditReport, BufferAuditError};
 pub use decode::{
     decode_one, AddressIter, AddressUse, BatchContext, BatchLevel, DecodeError, Decoded, Decoder,
+    INVALID_LEN,
 };
 pub use memory::{GpuMemory, GpuMemoryMut, MemoryError, PageMemory};
 pub use regs::{register_allowed, RegAccess};

@@ -97,6 +97,7 @@ impl Edit {
 
 /// Plans the rewrite of one command: audits it against `mv.from`, rebases each GGTT address,
 /// checks the result against `mv.to`, and pushes the edits (`base` is added to dword indices).
+#[inline]
 pub fn plan_command(
     cmd: &Decoded<'_>,
     ctx: &BatchContext,
@@ -107,6 +108,9 @@ pub fn plan_command(
 ) -> Result<()> {
     audit::audit_shape(cmd, ctx).map_err(RemapError::Source)?;
     stats.commands += 1;
+    if cmd.desc.addrs.is_empty() {
+        return Ok(());
+    }
     for u in cmd.addresses(ctx) {
         match u.space {
             AddressSpace::Ppgtt => stats.ppgtt_untouched += 1,
@@ -119,6 +123,7 @@ pub fn plan_command(
     Ok(())
 }
 
+#[inline]
 fn plan_use(
     cmd: &Decoded<'_>,
     ctx: &BatchContext,
@@ -126,35 +131,60 @@ fn plan_use(
     u: &AddressUse,
     base: usize,
 ) -> Result<Edit> {
-    audit::check_ggtt(cmd, ctx, u, &mv.from).map_err(RemapError::Source)?;
     let (offset, name, field) = (cmd.offset, cmd.desc.name, u.name);
-    let (new_addr, new_start) =
-        mv.rebase_with_range(u.addr, u.start, u.len)
-            .ok_or(RemapError::Destination(AuditError::OutOfSlice {
+    // Source audit (the same checks as `audit::check_ggtt`, classifying the range once).
+    if !ctx.privileged {
+        return Err(RemapError::Source(AuditError::GgttFromUnprivileged {
+            offset,
+            name,
+            field,
+        }));
+    }
+    if u.len > MAX_SURFACE_BYTES {
+        return Err(RemapError::Source(AuditError::SurfaceTooLarge {
+            offset,
+            name,
+            field,
+            len: u.len,
+        }));
+    }
+    let kind =
+        mv.from
+            .classify(u.start, u.len)
+            .ok_or(RemapError::Source(AuditError::OutOfSlice {
                 offset,
                 name,
                 field,
                 start: u.start,
                 len: u.len,
             }))?;
-    if u.len > MAX_SURFACE_BYTES || !mv.to.contains(new_start, u.len) {
-        return Err(RemapError::Destination(AuditError::OutOfSlice {
+    let from = mv.from.slice(kind).base.0;
+    let to = mv.to.slice(kind).base.0;
+    let moved = |x: u64| {
+        if to >= from {
+            x.checked_add(to - from)
+        } else {
+            x.checked_sub(from - to)
+        }
+    };
+    let dest_err = |start| {
+        RemapError::Destination(AuditError::OutOfSlice {
             offset,
             name,
             field,
-            start: new_start,
+            start,
             len: u.len,
-        }));
+        })
+    };
+    let new_start = moved(u.start).ok_or(dest_err(u.start))?;
+    let new_addr = moved(u.addr).ok_or(dest_err(u.start))?;
+    // Destination audit of the new range.
+    if !mv.to.slice(kind).contains(new_start, u.len) {
+        return Err(dest_err(new_start));
     }
-    // Find the field's mask from the table (the use names its dword).
-    let f = cmd
-        .desc
-        .addrs
-        .iter()
-        .find(|f| f.name == u.name)
-        .copied()
-        .unwrap_or(crate::table::AddrField::new("?", 0, 0));
-    let mask = f.mask();
+    let mask = crate::table::AddrField::new(field, 0, u.lo)
+        .width(u.width)
+        .mask();
     if new_addr & !mask != 0 {
         return Err(RemapError::Overflow {
             offset,
@@ -163,10 +193,10 @@ fn plan_use(
             addr: new_addr,
         });
     }
-    let raw = field_raw(f.width, cmd.dwords, u.dword);
+    let raw = field_raw(u.width, cmd.dwords, u.dword);
     Ok(Edit {
         at: base.saturating_add(cmd.offset).saturating_add(u.dword),
-        width: f.width,
+        width: u.width,
         value: (raw & !mask) | new_addr,
     })
 }

@@ -268,7 +268,7 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
     mi("MI_URB_ATOMIC_ALLOC", 0x09, F1).engines(Engines::RCS),
     mi("MI_BATCH_BUFFER_END", 0x0a, F1).hook(Hook::BatchEnd),
     mi("MI_SUSPEND_FLUSH", 0x0b, F1),
-    mi("MI_PREDICATE", 0x0c, F1).engines(Engines::RCS),
+    mi("MI_PREDICATE", 0x0c, F1),
     mi("MI_TOPOLOGY_FILTER", 0x0d, F1),
     mi("MI_SET_APPID", 0x0e, F1),
     mi("MI_RS_CONTEXT", 0x0f, F1).engines(Engines::RCS),
@@ -284,7 +284,6 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
         .addrs(DISPLAY_FLIP),
     mi("MI_SEMAPHORE_MBOX", 0x16, v(8)).exact(3),
     mi("MI_SET_CONTEXT", 0x18, v(8))
-        .engines(Engines::RCS)
         .flags(REFUSED.with(UNB))
         .addrs(SET_CONTEXT),
     mi("MI_URB_CLEAR", 0x19, v(8))
@@ -555,6 +554,53 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
     mfx("MFD_JPEG_BSD_OBJECT", 2, 7, 1, 8),
     mfx("MFC_JPEG_HUFF_TABLE_STATE", 2, 7, 2, 3).gens(Gens::GEN9_PLUS),
     mfx("MFC_JPEG_SCAN_OBJECT", 2, 7, 2, 9).gens(Gens::GEN9_PLUS),
+    // GEN9+ HEVC (HCP), HuC, VDEnc and scaler (SFC) commands.
+    mfx("VDENC_PIPE_MODE_SELECT", 2, 0, 4, 0).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_SRC_SURFACE_STATE", 2, 0, 4, 1).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_REF_SURFACE_STATE", 2, 0, 4, 2).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_DS_REF_SURFACE_STATE", 2, 0, 4, 3).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_PIPE_BUF_ADDR_STATE", 2, 0, 4, 4).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_IMG_STATE", 2, 0, 4, 5).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_CONST_QPT_STATE", 2, 0, 4, 6).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_WALKER_STATE", 2, 0, 4, 7).gens(Gens::GEN9_PLUS),
+    mfx("VDENC_WEIGHTSOFFSETS_STATE", 2, 0, 4, 8).gens(Gens::GEN11),
+    mfx("HCP_PIPE_MODE_SELECT", 2, 3, 4, 0).gens(Gens::GEN9_PLUS),
+    mfx("HCP_SURFACE_STATE", 2, 3, 4, 1).gens(Gens::GEN9_PLUS),
+    mfx("HCP_PIPE_BUF_ADDR_STATE", 2, 3, 4, 2).gens(Gens::GEN9_PLUS),
+    mfx("HCP_IND_OBJ_BASE_ADDR_STATE", 2, 3, 4, 3).gens(Gens::GEN9_PLUS),
+    mfx("HCP_QM_STATE", 2, 3, 4, 4).gens(Gens::GEN9_PLUS),
+    mfx("HCP_FQM_STATE", 2, 3, 4, 5).gens(Gens::GEN9_PLUS),
+    mfx("HEVC_VP9_RDOQ_STATE", 2, 3, 4, 8).gens(Gens::GEN9_PLUS),
+    mfx("HCP_PIC_STATE", 2, 3, 4, 16).gens(Gens::GEN9_PLUS),
+    mfx("HCP_TILE_STATE", 2, 3, 4, 17).gens(Gens::GEN9_PLUS),
+    mfx("HCP_REF_IDX_STATE", 2, 3, 4, 18).gens(Gens::GEN9_PLUS),
+    mfx("HCP_WEIGHTOFFSET_STATE", 2, 3, 4, 19).gens(Gens::GEN9_PLUS),
+    mfx("HCP_SLICE_STATE", 2, 3, 4, 20).gens(Gens::GEN9_PLUS),
+    mfx("HCP_TILE_CODING", 2, 3, 4, 21)
+        .gens(Gens::GEN9_PLUS)
+        .bias1(),
+    mfx("HCP_BSD_OBJECT", 2, 3, 5, 0).gens(Gens::GEN9_PLUS),
+    mfx("HCP_PAK_OBJECT", 2, 3, 5, 1).gens(Gens::GEN9_PLUS),
+    mfx("HCP_PAK_INSERT_OBJECT", 2, 3, 5, 2).gens(Gens::GEN9_PLUS),
+    mfx("HCP_VP9_PIC_STATE", 2, 3, 5, 16).gens(Gens::GEN9_PLUS),
+    mfx("HCP_VP9_SEGMENT_STATE", 2, 3, 5, 18).gens(Gens::GEN9_PLUS),
+    mfx("HCP_VP9_PAK_OBJECT", 2, 3, 5, 21).gens(Gens::GEN11),
+    mfx("SFC_LOCK", 2, 5, 0, 0).gens(Gens::GEN9_PLUS),
+    mfx("SFC_STATE", 2, 5, 0, 1).gens(Gens::GEN9_PLUS),
+    mfx("SFC_AVS_STATE", 2, 5, 0, 2).gens(Gens::GEN9_PLUS),
+    mfx("SFC_IEF_STATE", 2, 5, 0, 3).gens(Gens::GEN9_PLUS),
+    mfx("SFC_FRAME_START", 2, 5, 0, 4).gens(Gens::GEN9_PLUS),
+    mfx("SFC_AVS_LUMA_COEFF_TABLE", 2, 5, 0, 5).gens(Gens::GEN9_PLUS),
+    mfx("SFC_AVS_CHROMA_COEFF_TABLE", 2, 5, 0, 6).gens(Gens::GEN9_PLUS),
+    mfx("HUC_PIPE_MODE_SELECT", 2, 5, 4, 0).gens(Gens::GEN9_PLUS),
+    mfx("HUC_IMEM_STATE", 2, 5, 4, 1).gens(Gens::GEN9_PLUS),
+    mfx("HUC_DMEM_STATE", 2, 5, 4, 2).gens(Gens::GEN9_PLUS),
+    mfx("HUC_CFG_STATE", 2, 5, 4, 3).gens(Gens::GEN9_PLUS),
+    mfx("HUC_VIRTUAL_ADDR_STATE", 2, 5, 4, 4).gens(Gens::GEN9_PLUS),
+    mfx("HUC_IND_OBJ_BASE_ADDR_STATE", 2, 5, 4, 5).gens(Gens::GEN9_PLUS),
+    mfx("HUC_STREAM_OBJECT", 2, 5, 5, 0).gens(Gens::GEN9_PLUS),
+    mfx("HUC_START", 2, 5, 5, 1).gens(Gens::GEN9_PLUS),
+    mfx("VD_PIPELINE_FLUSH", 2, 7, 4, 0).gens(Gens::GEN9_PLUS),
     // ---- VEBOX (type 3), video enhancement: address layouts not modelled -----------------------
     veb("VEBOX_SURFACE_STATE", 2, 4, 0, 0),
     veb("VEBOX_STATE", 2, 4, 0, 2),
@@ -564,6 +610,13 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
 impl CommandDesc {
     const fn length_fixed1(mut self) -> Self {
         self.length = LengthRule::Fixed(1);
+        self
+    }
+    /// genxml gives a few video commands a length bias of 1.
+    const fn bias1(mut self) -> Self {
+        if let LengthRule::Variable { bits, .. } = self.length {
+            self.length = LengthRule::Variable { bits, bias: 1 };
+        }
         self
     }
     const fn len_bits(mut self, bits: u8) -> Self {

@@ -40,6 +40,16 @@ impl Gen {
     }
 }
 
+impl core::fmt::Display for Gen {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Gen::Gen8 => "gen8",
+            Gen::Gen9 => "gen9",
+            Gen::Gen11 => "gen11",
+        })
+    }
+}
+
 impl core::str::FromStr for Gen {
     type Err = &'static str;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -90,6 +100,17 @@ impl Engine {
             Engine::Video => 2,
             Engine::VideoEnhance => 3,
         }
+    }
+}
+
+impl core::fmt::Display for Engine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Engine::Render => "render",
+            Engine::Blitter => "blitter",
+            Engine::Video => "video",
+            Engine::VideoEnhance => "video-enhance",
+        })
     }
 }
 
@@ -259,7 +280,7 @@ pub enum SizeRule {
 }
 
 /// Width of an address field.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Width {
     /// One dword; address bits `lo..=31`.
     A32,
@@ -476,6 +497,7 @@ pub struct CommandDesc {
 
 impl CommandDesc {
     /// The length in dwords of the command starting with `dw0`.
+    #[inline]
     pub const fn len_of(&self, dw0: u32) -> usize {
         match self.length {
             LengthRule::Fixed(n) => n as usize,
@@ -518,78 +540,93 @@ pub const fn class_of(engine: Engine, dw0: u32) -> Option<Class> {
     }
 }
 
-/// Dense per-(gen, engine) index: MI keys 0..64, 2D keys 64..192 (2D key minus 0x100),
-/// type-3 keys 192..192+8192.
+/// Dense per-(gen, engine) index: MI opcodes in slots 0..64, 2D opcodes in 64..192, type-3 keys
+/// (DW0 bits 28:16) in 192..192+8192. Each engine's index holds only the classes it decodes.
 const MI_SLOTS: usize = 64;
 const BLIT_SLOTS: usize = 128;
 const T3_SLOTS: usize = 8192;
 const SLOTS: usize = MI_SLOTS + BLIT_SLOTS + T3_SLOTS;
 
-fn slot(class: Class, key: u32) -> Option<usize> {
-    let k = key as usize;
-    match class {
-        Class::Mi => (k < MI_SLOTS).then_some(k),
-        Class::Blit => k
-            .checked_sub(0x100)
-            .filter(|k| *k < BLIT_SLOTS)
-            .map(|k| k + MI_SLOTS),
-        Class::Render3d | Class::Mfx | Class::Vebox => k
-            .checked_sub(0x6000)
-            .filter(|k| *k < T3_SLOTS)
-            .map(|k| k + MI_SLOTS + BLIT_SLOTS),
+#[inline]
+fn slot_of(dw0: u32) -> Option<usize> {
+    match dw0 >> 29 {
+        0 => Some((dw0 >> 23) as usize & 0x3f),
+        2 => Some(MI_SLOTS + ((dw0 >> 22) as usize & 0x7f)),
+        3 => Some(MI_SLOTS + BLIT_SLOTS + ((dw0 >> 16) as usize & 0x1fff)),
+        _ => None,
     }
 }
 
-struct Index {
-    /// `[gen][engine][slot]` → row index + 1 (0: none).
-    map: Vec<u16>,
+fn class_fits(class: Class, engine: Engine) -> bool {
+    match class {
+        Class::Mi => true,
+        Class::Blit => engine == Engine::Blitter,
+        Class::Render3d => engine == Engine::Render,
+        Class::Mfx => engine == Engine::Video,
+        Class::Vebox => engine == Engine::VideoEnhance,
+    }
 }
 
-fn index() -> &'static Index {
-    static INDEX: OnceLock<Index> = OnceLock::new();
+fn index() -> &'static [u16] {
+    static INDEX: OnceLock<Vec<u16>> = OnceLock::new();
     INDEX.get_or_init(|| {
         let mut map = vec![0u16; 3 * 4 * SLOTS];
         for gen in Gen::ALL {
             for engine in Engine::ALL {
                 let base = (gen.index() * 4 + engine.index()) * SLOTS;
                 for (i, d) in crate::rows::COMMANDS.iter().enumerate() {
-                    if !d.available(gen, engine) {
+                    // Rows are checked for class/engine consistency and duplicate keys by tests;
+                    // the first available row wins.
+                    if !d.available(gen, engine) || !class_fits(d.class, engine) {
                         continue;
                     }
-                    // Rows are checked for class/engine consistency and duplicates by tests;
-                    // a row whose class does not belong on this engine is skipped here.
-                    let ok = match d.class {
-                        Class::Mi => true,
-                        Class::Blit => engine == Engine::Blitter,
-                        Class::Render3d => engine == Engine::Render,
-                        Class::Mfx => engine == Engine::Video,
-                        Class::Vebox => engine == Engine::VideoEnhance,
+                    let shift = match d.class {
+                        Class::Mi => 23,
+                        Class::Blit => 22,
+                        _ => 16,
                     };
-                    if !ok {
+                    let Some(s) = slot_of(d.opcode << shift) else {
                         continue;
-                    }
-                    if let Some(s) = slot(d.class, d.opcode) {
-                        if let Some(e) = map.get_mut(base + s) {
-                            if *e == 0 {
-                                *e = u16::try_from(i + 1).unwrap_or(0);
-                            }
+                    };
+                    if let Some(e) = map.get_mut(base + s) {
+                        if *e == 0 {
+                            *e = u16::try_from(i + 1).unwrap_or(0);
                         }
                     }
                 }
             }
         }
-        Index { map }
+        map
     })
+}
+
+/// The command table of one generation and engine: a cheap, copyable handle for repeated
+/// lookups (the decoder holds one).
+#[derive(Clone, Copy, Debug)]
+pub struct Table {
+    slots: &'static [u16],
+}
+
+impl Table {
+    /// The table of `gen`/`engine`.
+    pub fn new(gen: Gen, engine: Engine) -> Table {
+        let base = (gen.index() * 4 + engine.index()) * SLOTS;
+        Table {
+            slots: index().get(base..base + SLOTS).unwrap_or(&[]),
+        }
+    }
+
+    /// The row for `dw0`, or `None` when the opcode is unknown here.
+    #[inline]
+    pub fn lookup(&self, dw0: u32) -> Option<&'static CommandDesc> {
+        let i = *self.slots.get(slot_of(dw0)?)?;
+        crate::rows::COMMANDS.get(usize::from(i).wrapping_sub(1))
+    }
 }
 
 /// The table row for `dw0` on `gen`/`engine`, or `None` when the opcode is unknown there.
 pub fn lookup(gen: Gen, engine: Engine, dw0: u32) -> Option<&'static CommandDesc> {
-    let class = class_of(engine, dw0)?;
-    let s = slot(class, class.key(dw0))?;
-    let base = (gen.index() * 4 + engine.index()) * SLOTS;
-    let i = *index().map.get(base + s)?;
-    let i = usize::from(i).checked_sub(1)?;
-    crate::rows::COMMANDS.get(i)
+    Table::new(gen, engine).lookup(dw0)
 }
 
 /// Looks a command up by name (first row of that name available on `gen`/`engine`).
@@ -605,6 +642,7 @@ pub fn all_commands() -> &'static [CommandDesc] {
 }
 
 /// The space an address field uses, given the command dwords and the batch's implicit space.
+#[inline]
 pub(crate) fn resolve_space(
     rule: SpaceRule,
     dwords: &[u32],

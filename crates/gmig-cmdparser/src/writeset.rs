@@ -63,7 +63,7 @@ impl Decoded<'_> {
             if !u.access.writes() {
                 continue;
             }
-            if !u.bounded {
+            if !u.bounded || u.start.checked_add(u.len).is_none() {
                 return WriteSet::Unknown;
             }
             if u.len == 0 {

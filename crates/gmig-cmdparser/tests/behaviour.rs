@@ -675,3 +675,41 @@ fn remap_walk_rewrites_memory_and_round_trips() {
         assert_eq!(a, b, "page at 0x{addr:x} restored");
     }
 }
+
+/// Found by `cargo fuzz` (decode_walk_remap, ~210k executions): a blit whose negative pitch puts
+/// its rectangle below address 0 used to count as "size unknown" and pass the audit; after a
+/// remap to a higher slice the same rectangle became representable and failed the destination
+/// audit. A range that does not fit the address space is now invalid: refused, write set unknown.
+#[test]
+fn blit_range_below_zero_is_refused_not_unknown() {
+    let blit = [
+        0x5532_0005, // XY_MONO_SRC_COPY_BLT, 7 dwords
+        0xf000_a955, // BR13: pitch -22187, 8 bpp
+        0xff00_0005, // (5, 0xff00)
+        0xffff_ffff, // (0xffff, 0xffff)
+        0x0400_ff11, // dst
+        0,
+        0xde11_f055,
+    ];
+    let d = Decoder::new(Gen::Gen8, Engine::Blitter, &blit)
+        .next()
+        .unwrap()
+        .unwrap();
+    let u = d.addresses(&BatchContext::RING).next().unwrap();
+    assert_eq!((u.bounded, u.len), (true, gmig_cmdparser::INVALID_LEN));
+    assert!(matches!(
+        audit(&d, &BatchContext::RING, &src()),
+        Err(AuditError::SurfaceTooLarge { .. })
+    ));
+    assert_eq!(d.write_set(&BatchContext::RING), WriteSet::Unknown);
+    let mut buf = blit.to_vec();
+    assert!(remap_in_place(
+        Gen::Gen8,
+        Engine::Blitter,
+        &mut buf,
+        &BatchContext::RING,
+        &mv()
+    )
+    .is_err());
+    assert_eq!(buf, blit);
+}

@@ -27,6 +27,20 @@ fn setup(profile: Profile) -> (Vgpu, GuestDriver) {
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("desktop");
     let (mut v, mut d) = setup(Profile::Desktop);
+    // What a frame does, for the report: pages the engine writes and commands it runs.
+    let (mut pages, mut cmds) = (0usize, 0u64);
+    for _ in 0..32 {
+        d.submit_frame(&mut v).unwrap();
+        d.wait(&mut v).unwrap();
+        let log = v.take_write_log();
+        pages += log.actual.len();
+        cmds += log.commands;
+    }
+    eprintln!(
+        "desktop frame (1024x768, 6 windows): {:.0} pages written, {:.1} commands on average",
+        pages as f64 / 32.0,
+        cmds as f64 / 32.0
+    );
     g.bench_function("frame_exec", |b| {
         b.iter_custom(|iters| {
             let mut t = Duration::ZERO;

@@ -76,6 +76,9 @@ pub enum CheckpointError {
     /// An address in the state could not be remapped onto the new slices.
     #[error("remapping failed: {0}")]
     Remap(String),
+    /// A queued command does not pass the audit on this host (a tampered or corrupt stream).
+    #[error("queued work fails the audit: {0}")]
+    Audit(String),
 }
 
 /// Result type of this module.
@@ -253,7 +256,7 @@ impl Vgpu {
         };
         // Shadow registers: rebase host addresses onto the new slices.
         for &(reg, value) in &state.sregs {
-            let v = match mmio::address_register(state.cfg.fence_num, reg) {
+            let v = match mmio::address_register(state.cfg.gen, state.cfg.fence_num, reg) {
                 Some(mask) if remap && value != 0 => {
                     let addr = u64::from(value & mask);
                     let h = mv.rebase(GgttOffset(addr)).ok_or_else(|| {
@@ -279,6 +282,22 @@ impl Vgpu {
                             w.seq, c.guest_addr
                         ))
                     })?;
+                }
+            }
+            if remap {
+                // Whatever the stream says, nothing runs here that this host's audit refuses.
+                if !dest.contains(
+                    w.lrca.0,
+                    crate::mmio::lrc::CONTEXT_PAGES * crate::gm::PAGE_SIZE,
+                ) {
+                    return Err(CheckpointError::Audit(format!(
+                        "context image {:#x} outside the slices",
+                        w.lrca.0
+                    )));
+                }
+                for c in &w.commands {
+                    crate::shadow::audit_command(state.cfg.gen, w.engine, c, &dest)
+                        .map_err(|e| CheckpointError::Audit(format!("workload {}: {e}", w.seq)))?;
                 }
             }
             vgpu.queue.push_back(w);
@@ -417,6 +436,30 @@ mod tests {
             w.mmio_read32(plane).unwrap(),
             v.mmio_read32(plane).unwrap(),
             "guest view unchanged"
+        );
+    }
+
+    #[test]
+    fn restore_refuses_tampered_queued_work() {
+        let v = busy_vgpu();
+        let mut state = v.save();
+        // Point a queued blit at memory outside the vGPU.
+        let cmd = state.queue[0]
+            .commands
+            .iter_mut()
+            .find(|c| c.dwords.len() >= 6 && c.dwords[0] >> 29 == 2)
+            .unwrap();
+        cmd.dwords[4] = 0x1000;
+        cmd.dwords[5] = 0;
+        let bytes = state.to_bytes();
+        let state = VgpuState::from_bytes(&bytes).unwrap();
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        let (_, dest) = pm.place(VgpuType::V5_8).unwrap();
+        let ram = copy_guest_ram(v.guest_memory()).unwrap();
+        let err = Vgpu::restore(&state, ram, dest, RestoreOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::Remap(_) | CheckpointError::Audit(_)),
+            "{err}"
         );
     }
 

@@ -36,6 +36,7 @@ fn addr48(lo: u32, hi: u32, low_mask: u32) -> u64 {
 enum Tiling {
     Linear,
     X,
+    Y,
 }
 
 /// A 2D surface in GPU address space.
@@ -63,6 +64,14 @@ impl Surface {
                 let tile = (y / 8).checked_mul(tiles_per_row)?.checked_add(x / 512)?;
                 let off = tile.checked_mul(4096)? + (y % 8) * 512 + x % 512;
                 Some((self.base.checked_add(off)?, len.min(512 - x % 512)))
+            }
+            Tiling::Y => {
+                // Legacy Y tile: 128 bytes x 32 rows = 4 KiB, made of 16-byte columns of 32 rows.
+                let tiles_per_row = self.pitch / 128;
+                let tile = (y / 32).checked_mul(tiles_per_row)?.checked_add(x / 128)?;
+                let within = (x % 128) / 16 * 512 + (y % 32) * 16 + x % 16;
+                let off = tile.checked_mul(4096)?.checked_add(within)?;
+                Some((self.base.checked_add(off)?, len.min(16 - x % 16)))
             }
         }
     }
@@ -106,13 +115,21 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
     let mut skipped: Vec<&'static str> = Vec::new();
     let mut written = Vec::new();
     let mut log = crate::vgpu::WriteLog::default();
+    let mut candidate = Vec::new();
     {
         let mut ctx = Ctx {
             view: vgpu.host_view(w.pml4),
             written: Vec::new(),
         };
         for cmd in &w.commands {
-            let name = crate::shadow::log_write_set(gen, w.engine, cmd, &ctx.view, &mut log);
+            let name = crate::shadow::log_write_set(
+                gen,
+                w.engine,
+                cmd,
+                &ctx.view,
+                &mut log,
+                &mut candidate,
+            );
             clock += 1;
             match run_command(&mut ctx, &mut pipe, cmd, name, clock, &mut effects) {
                 Ok(Outcome::Executed) => executed += 1,
@@ -128,7 +145,13 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
         }
         written.append(&mut ctx.written);
     }
-    log.actual.extend(written.iter().copied());
+    // Sorted, deduplicated bulk builds: far cheaper than inserting page by page.
+    written.sort_unstable();
+    written.dedup();
+    candidate.sort_unstable();
+    candidate.dedup();
+    log.actual = written.into_iter().collect();
+    log.candidate = candidate.into_iter().collect();
     vgpu.write_log.merge(log);
     vgpu.stats.clock = clock;
     vgpu.stats.executed += executed;
@@ -309,25 +332,31 @@ fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<
             Ok(Outcome::Executed)
         }
         "XY_FAST_COPY_BLT" => {
-            // XY_FAST_COPY_BLT: DW1 dst tiling 14:13, colour depth 26:24, dst pitch 15:0;
-            // DW7 src tiling 21:20, src pitch 15:0. Tiled pitches are in dwords.
-            let bpp = match (dw(cmd, 1) >> 24) & 7 {
+            // XY_FAST_COPY_BLT: DW0 src tiling 21:20, dst tiling 14:13 (0 linear, 1 X, 2 Y/Yf,
+            // 3 Ys); DW1 Yf selects 31/30, colour depth 26:24 (0: 8, 1: 16, 3: 32, 4: 64,
+            // 5: 128 bpp), dst pitch 15:0; DW7 src pitch. Tiled pitches are in dwords.
+            let d1 = dw(cmd, 1);
+            let bpp = match (d1 >> 24) & 7 {
                 0 => 1,
-                1 => 2,
-                2 => 4,
-                3 => 8,
+                1 | 2 => 2,
+                3 => 4,
+                4 => 8,
                 _ => 16,
             };
-            let dt = (dw(cmd, 1) >> 13) & 3;
-            let st = (dw(cmd, 7) >> 20) & 3;
-            if dt > 1 || st > 1 {
-                return Ok(Outcome::Skipped("XY_FAST_COPY_BLT(Y/Yf tiled)"));
+            let dt = (d0 >> 13) & 3;
+            let st = (d0 >> 20) & 3;
+            if dt > 2 || st > 2 || d1 >> 30 != 0 {
+                return Ok(Outcome::Skipped("XY_FAST_COPY_BLT(Ys/Yf)"));
             }
             let mk = |t: u32, pitch: u32, lo: u32, hi: u32| Surface {
                 space,
                 base: addr48(lo, hi, 0),
-                pitch: u64::from(pitch & 0xffff) * if t == 1 { 4 } else { 1 },
-                tiling: if t == 1 { Tiling::X } else { Tiling::Linear },
+                pitch: u64::from(pitch & 0xffff) * if t == 0 { 1 } else { 4 },
+                tiling: match t {
+                    0 => Tiling::Linear,
+                    1 => Tiling::X,
+                    _ => Tiling::Y,
+                },
             };
             let dst = mk(dt, dw(cmd, 1), dw(cmd, 4), dw(cmd, 5));
             let src = mk(st, dw(cmd, 7), dw(cmd, 8), dw(cmd, 9));
@@ -391,6 +420,27 @@ fn copy_rect(
     bpp: u64,
 ) -> Result<(), GttError> {
     let w = u64::from(x2.saturating_sub(x1)) * bpp;
+    let h = u64::from(y2.saturating_sub(y1));
+    if src.tiling == Tiling::Linear && src.pitch == w && w > 0 && h > 0 {
+        // The source rows are back to back: fetch the block in one go.
+        let start = src
+            .base
+            .checked_add(u64::from(sy) * w + u64::from(sx) * bpp)
+            .ok_or(GttError::OutOfSlice(src.base))?;
+        let total = usize::try_from(w * h).map_err(|_| GttError::OutOfSlice(src.base))?;
+        let mut block = vec![0u8; total];
+        ctx.view.read(src.space, start, &mut block)?;
+        for (dy, row) in block.chunks_exact(w as usize).enumerate() {
+            put_row(
+                ctx,
+                dst,
+                u64::from(x1) * bpp,
+                u64::from(y1) + dy as u64,
+                row,
+            )?;
+        }
+        return Ok(());
+    }
     let mut row = vec![0u8; w as usize];
     for dy in 0..y2.saturating_sub(y1) {
         get_row(ctx, src, u64::from(sx) * bpp, u64::from(sy + dy), &mut row)?;
@@ -621,6 +671,11 @@ mod tests {
         execute(v, &w);
     }
 
+    /// A 32 bpp XY_FAST_COPY_BLT (the encoding IGT and i915 use: depth 3 = 32 bpp).
+    fn fast_copy(dst: u64, dst_pitch: i16, r: Rect, src: u64, src_pitch: i16) -> Vec<u32> {
+        crate::workload::xy_fast_copy_32bpp(dst, dst_pitch, r, src, src_pitch, 0, 0)
+    }
+
     fn gpa_of(base: u64, gpu: u64) -> GuestAddress {
         GuestAddress((1 << 20) + (gpu - base))
     }
@@ -660,6 +715,40 @@ mod tests {
     }
 
     #[test]
+    fn fast_copies_through_a_y_tiled_surface_and_back() {
+        let (mut v, base) = setup(64);
+        let (a, b, c) = (base, base + 16 * PAGE_SIZE, base + 40 * PAGE_SIZE);
+        // A: 64x40 pixels linear (pitch 256); B: Y-tiled, pitch 256 bytes = 2 tiles per row.
+        let img: Vec<u8> = (0..256 * 40).map(|i| (i * 13 % 251) as u8).collect();
+        v.guest_memory().write_slice(&img, gpa_of(base, a)).unwrap();
+        let rect = Rect {
+            x1: 0,
+            y1: 0,
+            x2: 64,
+            y2: 40,
+        };
+        let mut to_tiled = fast_copy(b, 64, rect, a, 256);
+        to_tiled[0] |= 2 << 13;
+        let mut from_tiled = fast_copy(c, 256, rect, b, 64);
+        from_tiled[0] |= 2 << 20;
+        run(&mut v, EngineId::Blitter, vec![to_tiled, from_tiled]);
+        assert!(v.faults().is_empty(), "{:?}", v.faults());
+        let mut out = vec![0u8; img.len()];
+        v.guest_memory()
+            .read_slice(&mut out, gpa_of(base, c))
+            .unwrap();
+        assert_eq!(out, img);
+        // Pixel (37, 33): byte 148 of row 33 -> tile 3 (second row, second column), column 1,
+        // row 1, byte 4.
+        let mut px = [0u8; 4];
+        v.guest_memory()
+            .read_slice(&mut px, gpa_of(base, b + 3 * 4096 + 512 + 16 + 4))
+            .unwrap();
+        assert_eq!(&px, &img[33 * 256 + 148..33 * 256 + 152]);
+        assert!(v.stats().skipped.is_empty());
+    }
+
+    #[test]
     fn color_fill_and_fast_copy() {
         let (mut v, base) = setup(16);
         let (a, b) = (base, base + 8 * PAGE_SIZE);
@@ -675,7 +764,7 @@ mod tests {
             },
             0x1122_3344,
         );
-        let copy = build::xy_fast_copy_blt(
+        let copy = fast_copy(
             b,
             256,
             Rect {
@@ -686,9 +775,6 @@ mod tests {
             },
             a,
             256,
-            0,
-            0,
-            4,
         );
         run(&mut v, EngineId::Blitter, vec![fill, copy]);
         let mut row = vec![0u8; 256];
@@ -781,5 +867,18 @@ mod tests {
         assert_ne!(px, [0; 4], "last depth value written");
         let log = v.take_write_log();
         assert!(log.unknown, "a draw's write set is unknown to the parser");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        #[test]
+        fn any_command_soup_executes_without_panicking(
+            cmds in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u32>(), 1..24), 1..16),
+            engine in 0usize..4,
+        ) {
+            let (mut v, _) = setup(8);
+            run(&mut v, EngineId::ALL[engine], cmds);
+            proptest::prop_assert_eq!(v.stats().workloads + v.stats().refused, 1);
+        }
     }
 }

@@ -241,16 +241,33 @@ impl GpuView<'_> {
         }
     }
 
-    /// Reads `out.len()` bytes at `addr`, page by page.
+    /// The guest-physical run starting at `addr`: its address and how many of `len` bytes are
+    /// contiguous in guest RAM (pages mapped back to back are coalesced into one run).
+    fn run_at(&self, space: Space, addr: u64, len: usize) -> Result<(GuestAddress, usize)> {
+        let gpa = self.translate(space, addr)?;
+        let mut n = ((PAGE_SIZE - addr % PAGE_SIZE) as usize).min(len);
+        while n < len {
+            let next = addr
+                .checked_add(n as u64)
+                .ok_or(GttError::OutOfSlice(addr))?;
+            match self.translate(space, next) {
+                Ok(g) if Some(g.0) == gpa.0.checked_add(n as u64) => {
+                    n = (n + PAGE_SIZE as usize).min(len);
+                }
+                _ => break,
+            }
+        }
+        Ok((gpa, n))
+    }
+
+    /// Reads `out.len()` bytes at `addr`.
     pub fn read(&self, space: Space, addr: u64, out: &mut [u8]) -> Result<()> {
         let mut done = 0usize;
         while done < out.len() {
             let a = addr
                 .checked_add(done as u64)
                 .ok_or(GttError::OutOfSlice(addr))?;
-            let in_page = (PAGE_SIZE - a % PAGE_SIZE) as usize;
-            let n = in_page.min(out.len() - done);
-            let gpa = self.translate(space, a)?;
+            let (gpa, n) = self.run_at(space, a, out.len() - done)?;
             self.mem
                 .read_slice(&mut out[done..done + n], gpa)
                 .map_err(|_| GttError::NoRam(gpa.0))?;
@@ -259,20 +276,20 @@ impl GpuView<'_> {
         Ok(())
     }
 
-    /// Writes `data` at `addr`, page by page; returns the guest frames written (appended to `pages`).
+    /// Writes `data` at `addr`; appends the guest frames written to `pages`.
     pub fn write(&self, space: Space, addr: u64, data: &[u8], pages: &mut Vec<Gfn>) -> Result<()> {
         let mut done = 0usize;
         while done < data.len() {
             let a = addr
                 .checked_add(done as u64)
                 .ok_or(GttError::OutOfSlice(addr))?;
-            let in_page = (PAGE_SIZE - a % PAGE_SIZE) as usize;
-            let n = in_page.min(data.len() - done);
-            let gpa = self.translate(space, a)?;
+            let (gpa, n) = self.run_at(space, a, data.len() - done)?;
             self.mem
                 .write_slice(&data[done..done + n], gpa)
                 .map_err(|_| GttError::NoRam(gpa.0))?;
-            pages.push(Gfn::containing(gpa));
+            let first = gpa.0 / PAGE_SIZE;
+            let last = (gpa.0 + n as u64 - 1) / PAGE_SIZE;
+            pages.extend((first..=last).map(Gfn));
             done += n;
         }
         Ok(())
@@ -358,6 +375,36 @@ mod tests {
         let s = g.save();
         assert_eq!(s.hidden, vec![(2, 0x5001)]);
         assert_eq!(Ggtt::load(&host, &s).unwrap(), g);
+    }
+
+    #[test]
+    fn accesses_span_contiguous_and_scattered_pages() {
+        let mem = new_guest_ram(1 << 20).unwrap();
+        let s = slices_at(0, 64 * MIB, 64 * MIB, 384 * MIB);
+        let mut g = Ggtt::new(&s);
+        for (page, gpa) in [(0u64, 0x5000u64), (1, 0x6000), (2, 0x2000)] {
+            assert!(g.set_entry(&s, GgttOffset(page * PAGE_SIZE), gpa | 1));
+        }
+        let view = GpuView {
+            ggtt: &g,
+            slices: s,
+            mem: &mem,
+            pml4: None,
+        };
+        let data: Vec<u8> = (0..3 * 4096 - 100).map(|i| (i % 199) as u8).collect();
+        let mut pages = Vec::new();
+        view.write(Space::Ggtt, 50, &data, &mut pages).unwrap();
+        assert_eq!(pages, vec![Gfn(5), Gfn(6), Gfn(2)]);
+        let mut back = vec![0u8; data.len()];
+        view.read(Space::Ggtt, 50, &mut back).unwrap();
+        assert_eq!(back, data);
+        let mut raw = [0u8; 4];
+        mem.read_slice(&mut raw, GuestAddress(0x2000)).unwrap();
+        assert_eq!(raw, data[4096 * 2 - 50..4096 * 2 - 46]);
+        assert!(matches!(
+            view.read(Space::Ggtt, 3 * 4096 - 8, &mut [0u8; 16]),
+            Err(GttError::GgttNotPresent(_))
+        ));
     }
 
     #[test]

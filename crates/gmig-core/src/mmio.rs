@@ -3,6 +3,7 @@
 //! Offsets follow the GEN8/GEN9 register map as i915 and GVT-g use it. The BAR0 window is 16 MiB:
 //! registers in the low 2 MiB, the GGTT entries (8 bytes each) from 8 MiB up.
 
+use gmig_cmdparser::Gen;
 use serde::{Deserialize, Serialize};
 
 /// The PV info page (`struct vgt_if`) in MMIO space.
@@ -162,6 +163,24 @@ impl EngineId {
         }
     }
 
+    /// MMIO base of the engine's ring registers on `gen` (GEN11 moved the video engines).
+    pub fn mmio_base_for(self, gen: Gen) -> u32 {
+        match (gen, self) {
+            (Gen::Gen11, EngineId::Video) => 0x1c_0000,
+            (Gen::Gen11, EngineId::VideoEnhance) => 0x1c_8000,
+            _ => self.mmio_base(),
+        }
+    }
+
+    /// The engine whose ring registers on `gen` contain `offset`, with the offset relative to its
+    /// base.
+    pub fn from_reg_for(gen: Gen, offset: u32) -> Option<(EngineId, u32)> {
+        EngineId::ALL.into_iter().find_map(|e| {
+            let rel = offset.checked_sub(e.mmio_base_for(gen))?;
+            (rel < 0x800).then_some((e, rel))
+        })
+    }
+
     /// MMIO base of the engine's ring registers (GEN8/GEN9).
     pub fn mmio_base(self) -> u32 {
         match self {
@@ -247,16 +266,16 @@ pub mod desc {
 
 /// The registers whose values are GGTT addresses the hardware dereferences (the vGPU keeps a
 /// host-side shadow of each, rebased into the host slices). Returns the mask of address bits.
-pub fn address_register(gen_fences: u32, offset: u32) -> Option<u32> {
+pub fn address_register(gen: Gen, fences: u32, offset: u32) -> Option<u32> {
     if PLANE_SURF.contains(&offset) || CUR_BASE.contains(&offset) {
         return Some(0xffff_f000);
     }
-    if let Some((_, rel)) = EngineId::from_reg(offset) {
+    if let Some((_, rel)) = EngineId::from_reg_for(gen, offset) {
         if rel == ring::HWS_PGA {
             return Some(0xffff_f000);
         }
     }
-    let fence_end = FENCE_REG_BASE + 8 * gen_fences;
+    let fence_end = FENCE_REG_BASE + 8 * fences.min(FENCE_COUNT);
     if (FENCE_REG_BASE..fence_end).contains(&offset) {
         return Some(0xffff_f000);
     }

@@ -3,8 +3,8 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit, decode_one, remap_in_place, walk, AddressSpace, BatchContext, Budget, Engine,
-    GgttOffset, GpuMemory, MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
+    audit, decode_one, remap_in_place, walk, AddressSpace, Budget, Engine, GgttOffset, GpuMemory,
+    MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
@@ -160,6 +160,25 @@ pub(crate) fn remap_command(
         .map_err(|e| e.to_string())
 }
 
+/// Audits one shadowed command against `slices` (the host slices it will run in).
+pub(crate) fn audit_command(
+    gen: gmig_cmdparser::Gen,
+    engine: EngineId,
+    cmd: &ShadowCommand,
+    slices: &gmig_cmdparser::VgpuSlices,
+) -> Result<(), String> {
+    let d = decode_one(gen, parser_engine(engine), &cmd.dwords, 0).map_err(|e| e.to_string())?;
+    if d.len() != cmd.dwords.len() {
+        return Err(format!(
+            "{}: {} dwords stored, {} decoded",
+            d.desc.name,
+            cmd.dwords.len(),
+            d.len()
+        ));
+    }
+    audit(&d, &cmd.ctx, slices).map_err(|e| e.to_string())
+}
+
 /// Adds one executing command's write set (pages through the host view) to `log`; returns the
 /// command's name.
 pub(crate) fn log_write_set(
@@ -168,6 +187,7 @@ pub(crate) fn log_write_set(
     cmd: &ShadowCommand,
     view: &GpuView<'_>,
     log: &mut WriteLog,
+    candidate: &mut Vec<Gfn>,
 ) -> &'static str {
     log.commands += 1;
     let Ok(d) = decode_one(gen, parser_engine(engine), &cmd.dwords, 0) else {
@@ -183,21 +203,11 @@ pub(crate) fn log_write_set(
                 let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
                 for p in first..=last {
                     if let Ok(gpa) = view.translate(r.space, p * PAGE_SIZE) {
-                        log.candidate.insert(Gfn::containing(gpa));
+                        candidate.push(Gfn::containing(gpa));
                     }
                 }
             }
         }
     }
     d.desc.name
-}
-
-/// Whether a context descriptor uses a 4-level PPGTT.
-pub fn uses_ppgtt(d: u64) -> bool {
-    (d >> desc::ADDRESSING_SHIFT) & 3 == 3
-}
-
-/// A batch context for a first-level batch in `space` (handy for tests building shadows by hand).
-pub fn first_level(space: AddressSpace) -> BatchContext {
-    BatchContext::first_level(space)
 }

@@ -59,6 +59,9 @@ pub trait Connection: Read + Write + Send {
     /// Give reads a deadline (`None`: block for ever). A read past it fails with `TimedOut` or
     /// `WouldBlock`.
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    /// Give writes a deadline (`None`: block for ever), so a peer that stops reading cannot hang
+    /// the writer. A write past it fails with `TimedOut` or `WouldBlock`.
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
 }
 
 impl Connection for TcpStream {
@@ -67,6 +70,9 @@ impl Connection for TcpStream {
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         TcpStream::set_read_timeout(self, timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_write_timeout(self, timeout)
     }
 }
 
@@ -77,6 +83,9 @@ impl Connection for UnixStream {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         UnixStream::set_read_timeout(self, timeout)
     }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_write_timeout(self, timeout)
+    }
 }
 
 impl<C: Connection + ?Sized> Connection for Box<C> {
@@ -85,6 +94,9 @@ impl<C: Connection + ?Sized> Connection for Box<C> {
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         (**self).set_read_timeout(timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        (**self).set_write_timeout(timeout)
     }
 }
 
@@ -235,6 +247,7 @@ pub struct MemConnection {
     tx: Arc<Pipe>,
     capacity: usize,
     read_timeout: Mutex<Option<Duration>>,
+    write_timeout: Mutex<Option<Duration>>,
 }
 
 /// Two connected in-memory ends; each direction buffers at most `capacity` bytes (writers block
@@ -249,12 +262,14 @@ pub fn mem_pair(capacity: usize) -> (MemConnection, MemConnection) {
             tx: b.clone(),
             capacity,
             read_timeout: Mutex::new(None),
+            write_timeout: Mutex::new(None),
         },
         MemConnection {
             rx: b,
             tx: a,
             capacity,
             read_timeout: Mutex::new(None),
+            write_timeout: Mutex::new(None),
         },
     )
 }
@@ -332,6 +347,11 @@ impl Write for MemConnection {
         if data.is_empty() {
             return Ok(0);
         }
+        let timeout = *self
+            .write_timeout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let deadline = timeout.map(|t| Instant::now() + t);
         let mut s = self.tx.lock();
         loop {
             if s.reader_closed || s.writer_closed {
@@ -348,11 +368,24 @@ impl Write for MemConnection {
                 self.tx.cond.notify_all();
                 return Ok(n);
             }
-            s = self
-                .tx
-                .cond
-                .wait(s)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            s = match deadline {
+                None => self
+                    .tx
+                    .cond
+                    .wait(s)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out"));
+                    }
+                    self.tx
+                        .cond
+                        .wait_timeout(s, d - now)
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .0
+                }
+            };
         }
     }
 
@@ -369,6 +402,13 @@ impl Connection for MemConnection {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         *self
             .read_timeout
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = timeout;
+        Ok(())
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        *self
+            .write_timeout
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = timeout;
         Ok(())
@@ -496,6 +536,9 @@ impl<C: Connection> Connection for Throttled<C> {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(timeout)
     }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(timeout)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -592,5 +635,8 @@ impl<C: Connection> Connection for Counted<C> {
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(timeout)
     }
 }

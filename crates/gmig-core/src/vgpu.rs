@@ -192,9 +192,9 @@ pub struct WriteLog {
 
 impl WriteLog {
     /// Merges another log into this one.
-    pub fn merge(&mut self, other: WriteLog) {
-        self.candidate.extend(other.candidate);
-        self.actual.extend(other.actual);
+    pub fn merge(&mut self, mut other: WriteLog) {
+        self.candidate.append(&mut other.candidate);
+        self.actual.append(&mut other.actual);
         self.unknown |= other.unknown;
         self.commands += other.commands;
     }
@@ -441,13 +441,13 @@ impl Vgpu {
             }
             return Ok(());
         }
-        if let Some((engine, rel)) = EngineId::from_reg(offset) {
+        if let Some((engine, rel)) = EngineId::from_reg_for(self.cfg.gen, offset) {
             if rel == ring::ELSP {
                 return self.elsp_write(engine, value);
             }
         }
         self.vregs.insert(offset, value);
-        if let Some(mask) = mmio::address_register(self.cfg.fence_num, offset) {
+        if let Some(mask) = mmio::address_register(self.cfg.gen, self.cfg.fence_num, offset) {
             let shadow = self.shadow_address_reg(value, mask, &self.guest_to_host());
             self.sregs.insert(offset, shadow);
         }
@@ -581,7 +581,7 @@ impl Vgpu {
 
     /// Records a context-complete event in the CSB registers and the status page.
     pub(crate) fn complete_csb(&mut self, engine: EngineId, ctx_id: u32) {
-        let base = engine.mmio_base();
+        let base = engine.mmio_base_for(self.cfg.gen);
         let st = &mut self.engines[engine.index()];
         st.completed += 1;
         let wp = st.csb_wp;

@@ -204,6 +204,31 @@ pub struct GuestDriver {
     damaged_prev: BTreeSet<usize>,
 }
 
+/// A 32 bpp `XY_FAST_COPY_BLT` (GEN9+), linear unless the caller sets the tiling bits in DW0
+/// (src 21:20, dst 14:13). Colour depth 3 = 32 bpp, as i915 and IGT encode it.
+pub fn xy_fast_copy_32bpp(
+    dst: u64,
+    dst_pitch: i16,
+    r: Rect,
+    src: u64,
+    src_pitch: i16,
+    sx: u16,
+    sy: u16,
+) -> Vec<u32> {
+    vec![
+        (2 << 29) | (0x42 << 22) | 8,
+        (3 << 24) | u32::from(dst_pitch as u16),
+        (u32::from(r.y1) << 16) | u32::from(r.x1),
+        (u32::from(r.y2) << 16) | u32::from(r.x2),
+        dst as u32,
+        ((dst >> 32) as u32) & 0xffff,
+        (u32::from(sy) << 16) | u32::from(sx),
+        u32::from(src_pitch as u16),
+        src as u32,
+        ((src >> 32) as u32) & 0xffff,
+    ]
+}
+
 fn page_align(n: u64) -> u64 {
     n.div_ceil(PAGE_SIZE) * PAGE_SIZE
 }
@@ -391,7 +416,10 @@ impl GuestDriver {
 
     fn setup_context(&mut self, vgpu: &mut Vgpu, engine: EngineId, ctx_id: u32) -> Result<()> {
         let hws = self.alloc_ggtt(vgpu, false, PAGE_SIZE)?;
-        vgpu.mmio_write32(engine.mmio_base() + ring::HWS_PGA, hws.gpu as u32)?;
+        vgpu.mmio_write32(
+            engine.mmio_base_for(self.gen) + ring::HWS_PGA,
+            hws.gpu as u32,
+        )?;
         let image = self.alloc_ggtt(vgpu, true, lrc::CONTEXT_PAGES * PAGE_SIZE)?;
         let ring_obj = self.alloc_ggtt(vgpu, true, RING_PAGES * PAGE_SIZE)?;
         let ppgtt = self.profile.uses_ppgtt();
@@ -404,7 +432,7 @@ impl GuestDriver {
             });
         }
         // Register state page: LRI header and (register, value) pairs as the hardware lays it out.
-        let base = engine.mmio_base();
+        let base = engine.mmio_base_for(self.gen);
         let mut state = vec![0u32; lrc::STATE_DWORDS];
         state[1] = (0x22 << 23) | (2 * 14 - 1);
         let mut pair = |i: usize, reg: u32, v: u32| {
@@ -627,7 +655,7 @@ impl GuestDriver {
         } else {
             (1 << desc::ADDRESSING_SHIFT) | desc::PRIVILEGE
         };
-        let elsp = engine.mmio_base() + ring::ELSP;
+        let elsp = engine.mmio_base_for(self.gen) + ring::ELSP;
         vgpu.mmio_write32(elsp, 0)?;
         vgpu.mmio_write32(elsp, 0)?;
         vgpu.mmio_write32(elsp, (d >> 32) as u32)?;
@@ -828,8 +856,12 @@ impl GuestDriver {
                 x2: (cx + 64) as u16,
                 y2: (cy + 64) as u16,
             };
-            let mut c2 =
-                build::xy_fast_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4);
+            // XY_FAST_COPY_BLT arrived with GEN9.
+            let mut c2 = if self.gen == Gen::Gen8 {
+                build::xy_src_copy_blt(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0, 4)
+            } else {
+                xy_fast_copy_32bpp(back.gpu, (w * 4) as i16, rect, cursor.gpu, 256, 0, 0)
+            };
             c2.extend(build::mi_batch_buffer_end());
             self.write_batch(vgpu, ci, &c2)?
         };

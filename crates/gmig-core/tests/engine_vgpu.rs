@@ -186,3 +186,29 @@ fn a_failed_migration_leaves_the_vgpu_running_with_nothing_lost() {
         let _ = src.stream_header();
     }
 }
+
+#[test]
+fn mig_data_size_bounds_the_vgpu_stop_copy_bytes() {
+    use gmig_vfio_migration::ReadOutcome;
+    let (s, _) = slices();
+    for profile in [Profile::Desktop, Profile::ThreeD] {
+        let mut vm = boot(profile, 2, s);
+        vm.run_steps(BEFORE).unwrap();
+        let mut h = source_handle(vm, &cfg(Policy::OneShotNarrow)).unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        MigrationTarget::set_state(&mut h, DeviceState::PreCopy).unwrap();
+        while let ReadOutcome::Data(_) = MigrationTarget::read_data(&mut h, &mut buf).unwrap() {}
+        h.device_mut().vm_mut().run_steps(2).unwrap();
+        let estimate = MigrationTarget::stop_copy_size(&mut h).unwrap();
+        MigrationTarget::set_state(&mut h, DeviceState::StopCopy).unwrap();
+        let mut actual = 0u64;
+        while let ReadOutcome::Data(n) = MigrationTarget::read_data(&mut h, &mut buf).unwrap() {
+            actual += n as u64;
+        }
+        assert!(
+            estimate >= actual,
+            "{profile:?}: estimate {estimate} < actual {actual}"
+        );
+        eprintln!("{profile:?}: MIG_DATA_SIZE {estimate} for {actual} bytes of stop-copy");
+    }
+}

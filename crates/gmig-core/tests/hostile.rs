@@ -160,3 +160,57 @@ fn register_write_outside_the_whitelist_is_refused() {
         FaultKind::Audit,
     );
 }
+
+/// A Y-tiled fast copy whose real extent runs past the end of the guest's aperture slice. Whether
+/// the parser's audit catches it or not, nothing lands outside the vGPU: the engine reaches memory
+/// only through this vGPU's own GGTT slices.
+#[test]
+fn tiled_fast_copy_past_the_slice_end_never_escapes() {
+    let mut h = host(2, 50);
+    let mut quiet = host(2, 50);
+    for hh in [&mut h, &mut quiet] {
+        for (v, d) in &mut hh.vgpus {
+            d.run_frames(v, 1).unwrap();
+        }
+    }
+    let ap = h.vgpus[0].0.guest_view().aperture;
+    let src = h.vgpus[0].1.object("cursor").unwrap().gpu;
+    let dst = ap.base.0 + ap.size - 64 * 1024;
+    let mut cmd = gmig_core::workload::xy_fast_copy_32bpp(
+        dst,
+        64,
+        Rect {
+            x1: 0,
+            y1: 0,
+            x2: 8,
+            y2: 1024,
+        },
+        src,
+        256,
+        0,
+        0,
+    );
+    cmd[0] |= 2 << 13; // destination legacy Y-tiled: 32 rows per tile, 256-byte pitch
+    let (v0, d0) = &mut h.vgpus[0];
+    d0.submit_raw_batch(v0, EngineId::Blitter, &cmd).unwrap();
+    let rep = d0.wait(v0).unwrap();
+    assert_eq!(rep.failed, 1);
+    let kind = v0.faults().last().unwrap().kind;
+    assert!(
+        matches!(kind, FaultKind::Audit | FaultKind::Memory),
+        "{kind:?}"
+    );
+    eprintln!(
+        "tiled fast copy past the slice end: {:?}",
+        v0.faults().last().unwrap()
+    );
+    for hh in [&mut h, &mut quiet] {
+        let (v1, d1) = &mut hh.vgpus[1];
+        d1.run_frames(v1, 2).unwrap();
+    }
+    assert!(compare_guest_visible(&h.vgpus[1].0, &quiet.vgpus[1].0).is_identical());
+    let (v0, d0) = &mut h.vgpus[0];
+    let failures = d0.failures();
+    d0.run_frames(v0, 2).unwrap();
+    assert_eq!(d0.failures(), failures);
+}

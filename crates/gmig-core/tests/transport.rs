@@ -140,6 +140,38 @@ fn read_timeout_is_honoured() {
 }
 
 #[test]
+fn write_timeout_is_honoured_when_the_peer_stops_reading() {
+    let (mut a, _b) = mem_pair(64);
+    a.set_write_timeout(Some(Duration::from_millis(20)))
+        .unwrap();
+    let t0 = Instant::now();
+    let err = a.write_all(&[0u8; 1000]).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::TimedOut);
+    assert!(t0.elapsed() >= Duration::from_millis(20));
+}
+
+#[test]
+fn a_destination_that_stops_reading_times_the_source_out() {
+    use gmig_core::migration::toy::{ToyConfig, ToyVm};
+    use gmig_core::migration::{migrate_source, source_handle, MigrationConfig, Policy};
+    let cfg_toy = ToyConfig {
+        pages: 512,
+        seed: 1,
+        max_cmd_pages: 4,
+        opaque_every: 0,
+    };
+    let vm = ToyVm::new(cfg_toy, 0x0400_0000, 0x4000_0000).unwrap();
+    let mut cfg = MigrationConfig::new(Policy::StopAndCopy);
+    cfg.timeout = Duration::from_millis(100);
+    let (a, _b) = mem_pair(4096); // nobody reads `_b`
+    let mut h = source_handle(vm, &cfg).unwrap();
+    let t0 = Instant::now();
+    let err = migrate_source(&mut h, a, &cfg, &mut |_| {}).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5), "{err}");
+    assert!(err.to_string().contains("timed out"), "{err}");
+}
+
+#[test]
 fn cut_connection_fails_exactly_at_the_mark() {
     let (a, mut b) = mem_pair(1 << 20);
     let mut a = Counted::new(a).cut_after(1000);

@@ -4,7 +4,9 @@
 //! pseudo-random bytes. Groups:
 //! - `single_thread`: plain read (with and without prefetch), a bare `xxhash_rust::xxh3::xxh3_64`
 //!   loop over the pages, a bare loop of this crate's kernel, and the framework (`Hasher` with one
-//!   thread: `record_in_place`, `diff`). framework / bare kernel loop is the per-page overhead.
+//!   thread: `record_in_place`, `diff`). The framework's per-page overhead is framework_record
+//!   against kernel_bare_loop_prefetch (same kernel, same next-page prefetch), and
+//!   framework_record_no_prefetch against kernel_bare_loop (neither prefetches).
 //! - `all_threads`: plain read vs framework hashing on every core.
 //! - `send_copy`: copying batches of 256 pages into a send buffer with `memcpy` vs
 //!   `Hasher::copy_for_send` (copy fused with hashing the copy), one thread.
@@ -13,7 +15,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use gmig_dirty::{Gfn, GuestPages, HashSnapshot, Hasher, Kernel, PAGE_SIZE};
+use gmig_dirty::{Gfn, GuestPages, HashSnapshot, Hasher, HasherOptions, Kernel, PAGE_SIZE};
 
 fn buffer() -> Vec<u8> {
     let mib: usize = std::env::var("GMIG_BENCH_MIB")
@@ -40,7 +42,20 @@ fn benches(c: &mut Criterion) {
     let kernel = Kernel::detect();
     eprintln!("kernel: {}", kernel.name());
 
-    let one = Hasher::new(1).unwrap();
+    // Explicit prefetch settings (the default depends on the CPU vendor), so each framework
+    // variant has a bare-loop twin with the same prefetching.
+    let one = Hasher::with_options(HasherOptions {
+        threads: 1,
+        prefetch_pages: 1,
+        ..HasherOptions::default()
+    })
+    .unwrap();
+    let one_nopf = Hasher::with_options(HasherOptions {
+        threads: 1,
+        prefetch_pages: 0,
+        ..HasherOptions::default()
+    })
+    .unwrap();
     let mut snap = HashSnapshot::new(frames.clone()).unwrap();
     one.record_in_place(&pages, &mut snap).unwrap();
     let mut out = vec![0u64; npages];
@@ -73,8 +88,23 @@ fn benches(c: &mut Criterion) {
             black_box(&out);
         });
     });
+    g.bench_function("kernel_bare_loop_prefetch", |b| {
+        b.iter(|| {
+            let mut it = buf.chunks_exact(PAGE_SIZE).peekable();
+            let mut o = out.iter_mut();
+            while let (Some(p), Some(slot)) = (it.next(), o.next()) {
+                let page: &[u8; PAGE_SIZE] = p.try_into().unwrap();
+                let next: &[u8; PAGE_SIZE] = (*it.peek().unwrap_or(&p)).try_into().unwrap();
+                *slot = kernel.hash_page_prefetching(page, next).hash.0;
+            }
+            black_box(&out);
+        });
+    });
     g.bench_function("framework_record", |b| {
         b.iter(|| one.record_in_place(&pages, &mut snap).unwrap());
+    });
+    g.bench_function("framework_record_no_prefetch", |b| {
+        b.iter(|| one_nopf.record_in_place(&pages, &mut snap).unwrap());
     });
     g.bench_function("framework_diff", |b| {
         b.iter(|| black_box(one.diff(&pages, &snap, None).unwrap()));

@@ -4,6 +4,9 @@
 //! `i / 64`) stands for frame `base + i`: exactly the layout `KVM_GET_DIRTY_LOG` fills for a memslot
 //! and the layout VFIO's DMA-logging report uses for an IOVA range (with the range's page size).
 //! Bits past `pages` in the last word are always zero.
+//!
+//! The bitmap itself is granule-agnostic: for a VFIO DMA-logging report over an IOVA range with a
+//! page size other than 4 KiB, use `iova / page_size` as the frame number.
 
 use crate::addr::Gfn;
 
@@ -77,8 +80,9 @@ pub struct DirtyBitmap {
     words: Vec<u64>,
 }
 
-/// The largest span a bitmap may cover (2^40 pages = 4 PiB of guest memory).
-pub const MAX_PAGES: u64 = 1 << 40;
+/// The largest span a bitmap may cover: 2^36 pages (256 TiB of 4 KiB pages; a 1 GiB bitmap), so a
+/// span taken from a peer cannot make us allocate without bound.
+pub const MAX_PAGES: u64 = 1 << 36;
 
 impl DirtyBitmap {
     /// An empty bitmap over `[base, base + pages)`.
@@ -115,6 +119,33 @@ impl DirtyBitmap {
             return Err(BitmapError::StrayBit { bit, pages });
         }
         Ok(b)
+    }
+
+    /// Parse a little-endian byte image of the words (what a VFIO DMA-logging report or a wire
+    /// format carries): `bytes.len()` must be exactly `8 * ceil(pages / 64)`; padding bits must be 0.
+    pub fn from_le_bytes(base: Gfn, pages: u64, bytes: &[u8]) -> Result<Self> {
+        let n = Self::check_span(base, pages)?;
+        if bytes.len() != n.saturating_mul(8) {
+            return Err(BitmapError::WrongWordCount {
+                pages,
+                expected: n,
+                got: bytes.len() / 8,
+            });
+        }
+        let words = bytes
+            .chunks_exact(8)
+            .map(|c| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(c);
+                u64::from_le_bytes(w)
+            })
+            .collect();
+        Self::from_words(base, pages, words)
+    }
+
+    /// The words as little-endian bytes (`8 * ceil(pages / 64)` of them).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        self.words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
     fn check_span(base: Gfn, pages: u64) -> Result<usize> {
@@ -509,8 +540,30 @@ mod tests {
             })
         ));
         assert!(DirtyBitmap::new(Gfn(u64::MAX - 3), 10).is_err());
+        assert!(matches!(
+            DirtyBitmap::new(Gfn(0), MAX_PAGES + 1),
+            Err(BitmapError::TooLarge { .. })
+        ));
         let full = DirtyBitmap::full(Gfn(0), 70).unwrap();
         assert_eq!(full.count(), 70);
+    }
+
+    #[test]
+    fn le_bytes_round_trip_and_reject_bad_lengths() {
+        let mut b = DirtyBitmap::new(Gfn(0x40), 100).unwrap();
+        b.set(Gfn(0x40)).unwrap();
+        b.set(Gfn(0x40 + 99)).unwrap();
+        let bytes = b.to_le_bytes();
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(bytes[0], 1);
+        assert_eq!(DirtyBitmap::from_le_bytes(Gfn(0x40), 100, &bytes), Ok(b));
+        assert!(DirtyBitmap::from_le_bytes(Gfn(0x40), 100, &bytes[..15]).is_err());
+        let mut stray = bytes.clone();
+        stray[15] = 0x80;
+        assert!(matches!(
+            DirtyBitmap::from_le_bytes(Gfn(0x40), 100, &stray),
+            Err(BitmapError::StrayBit { bit: 127, .. })
+        ));
     }
 
     #[test]

@@ -92,11 +92,21 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: forwarded caller contract; the feature was checked by `is_supported`.
             Kernel::Avx512 => unsafe {
-                x86::page_avx512::<false>(src, std::ptr::null_mut(), prefetch)
+                if prefetch == src {
+                    x86::page_avx512::<false, false>(src, std::ptr::null_mut(), prefetch)
+                } else {
+                    x86::page_avx512::<false, true>(src, std::ptr::null_mut(), prefetch)
+                }
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Kernel::Avx2 => unsafe { x86::page_avx2::<false>(src, std::ptr::null_mut(), prefetch) },
+            Kernel::Avx2 => unsafe {
+                if prefetch == src {
+                    x86::page_avx2::<false, false>(src, std::ptr::null_mut(), prefetch)
+                } else {
+                    x86::page_avx2::<false, true>(src, std::ptr::null_mut(), prefetch)
+                }
+            },
             _ => {
                 // SAFETY: caller guarantees PAGE_SIZE readable bytes. Guest memory may change
                 // under us; the hash is then of some torn view, which is why senders use the
@@ -122,10 +132,22 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: forwarded caller contract; the feature was checked by `is_supported`.
-            Kernel::Avx512 => unsafe { x86::page_avx512::<true>(src, dst, prefetch) },
+            Kernel::Avx512 => unsafe {
+                if prefetch == src {
+                    x86::page_avx512::<true, false>(src, dst, prefetch)
+                } else {
+                    x86::page_avx512::<true, true>(src, dst, prefetch)
+                }
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            Kernel::Avx2 => unsafe { x86::page_avx2::<true>(src, dst, prefetch) },
+            Kernel::Avx2 => unsafe {
+                if prefetch == src {
+                    x86::page_avx2::<true, false>(src, dst, prefetch)
+                } else {
+                    x86::page_avx2::<true, true>(src, dst, prefetch)
+                }
+            },
             _ => {
                 // SAFETY: caller guarantees both ranges and that they do not overlap.
                 unsafe { std::ptr::copy_nonoverlapping(src, dst, PAGE_SIZE) };
@@ -145,6 +167,21 @@ impl Kernel {
         };
         // SAFETY: `page` is PAGE_SIZE readable bytes; `k` is supported.
         unsafe { k.hash_raw(page.as_ptr(), page.as_ptr()) }
+    }
+
+    /// Digest of `page`, prefetching the lines of `next` (the page the caller hashes next) meanwhile.
+    pub fn hash_page_prefetching(
+        self,
+        page: &[u8; PAGE_SIZE],
+        next: &[u8; PAGE_SIZE],
+    ) -> PageDigest {
+        let k = if self.is_supported() {
+            self
+        } else {
+            Kernel::Portable
+        };
+        // SAFETY: `page` is PAGE_SIZE readable bytes; `next` is only prefetched; `k` is supported.
+        unsafe { k.hash_raw(page.as_ptr(), next.as_ptr()) }
     }
 
     /// Copy `src` into `dst` and return the digest of the copy.
@@ -231,10 +268,22 @@ pub(crate) unsafe fn read_raw(kernel: Kernel, src: *const u8, prefetch: *const u
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded contract; feature availability is implied by the kernel choice.
-        Kernel::Avx512 => unsafe { x86::read_avx512(src, prefetch) },
+        Kernel::Avx512 => unsafe {
+            if prefetch == src {
+                x86::read_avx512::<false>(src, prefetch)
+            } else {
+                x86::read_avx512::<true>(src, prefetch)
+            }
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Kernel::Avx2 => unsafe { x86::read_avx2(src, prefetch) },
+        Kernel::Avx2 => unsafe {
+            if prefetch == src {
+                x86::read_avx2::<false>(src, prefetch)
+            } else {
+                x86::read_avx2::<true>(src, prefetch)
+            }
+        },
         _ => {
             let mut x = [0u64; 4];
             for i in (0..PAGE_SIZE).step_by(32) {
@@ -253,26 +302,33 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::{merge_accs, INIT_ACC, PRIME32_1, SECRET};
-    use crate::addr::{PageDigest, PageHash, PageKind};
+    use crate::addr::{PageDigest, PageHash, PageKind, PAGE_SIZE};
 
     const SWAP: i32 = 0b01_00_11_10; // _MM_SHUFFLE(1, 0, 3, 2)
 
+    /// Digest from the final accumulators; `bytes` are the hashed bytes (the copy, when copying),
+    /// checked for all-zero only when the hash is the zero page's.
+    ///
+    /// # Safety
+    /// `bytes` must be readable for PAGE_SIZE bytes.
     #[inline(always)]
-    fn digest(acc: [u64; 8], nonzero: bool) -> PageDigest {
+    unsafe fn digest(acc: [u64; 8], bytes: *const u8) -> PageDigest {
+        let hash = PageHash(merge_accs(&acc));
+        let zero = hash == PageHash::ZERO_PAGE && {
+            // SAFETY: forwarded caller contract.
+            let page = unsafe { std::slice::from_raw_parts(bytes, PAGE_SIZE) };
+            page.iter().all(|&b| b == 0)
+        };
         PageDigest {
-            hash: PageHash(merge_accs(&acc)),
-            kind: if nonzero {
-                PageKind::Data
-            } else {
-                PageKind::Zero
-            },
+            hash,
+            kind: if zero { PageKind::Zero } else { PageKind::Data },
         }
     }
 
     /// # Safety
     /// AVX-512F available; `src` readable for 4096 bytes; `dst` writable for 4096 bytes when COPY.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn page_avx512<const COPY: bool>(
+    pub(super) unsafe fn page_avx512<const COPY: bool, const PF: bool>(
         src: *const u8,
         dst: *mut u8,
         pf: *const u8,
@@ -282,15 +338,15 @@ mod x86 {
         // and at offset < 192 - 63 of the 192-byte SECRET; unaligned intrinsics are used.
         unsafe {
             let mut acc = _mm512_loadu_si512(INIT_ACC.as_ptr().cast());
-            let mut ornz = _mm512_setzero_si512();
             let prime = _mm512_set1_epi32(PRIME32_1 as i32);
-            let mut stripe = |acc: __m512i, n: usize, koff: usize| -> __m512i {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+            let stripe = |acc: __m512i, n: usize, koff: usize| -> __m512i {
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                }
                 let d = _mm512_loadu_si512(src.add(n * 64).cast());
                 if COPY {
                     _mm512_storeu_si512(dst.add(n * 64).cast(), d);
                 }
-                ornz = _mm512_or_si512(ornz, d);
                 let k = _mm512_loadu_si512(key.add(koff).cast());
                 let dk = _mm512_xor_si512(d, k);
                 let prod = _mm512_mul_epu32(dk, _mm512_srli_epi64::<32>(dk));
@@ -313,17 +369,16 @@ mod x86 {
                 acc = stripe(acc, 48 + s, s * 8);
             }
             acc = stripe(acc, 63, 192 - 64 - 7);
-            let nonzero = _mm512_test_epi64_mask(ornz, ornz) != 0;
             let mut out = [0u64; 8];
             _mm512_storeu_si512(out.as_mut_ptr().cast(), acc);
-            digest(out, nonzero)
+            digest(out, if COPY { dst.cast_const() } else { src })
         }
     }
 
     /// # Safety
     /// AVX2 available; `src` readable for 4096 bytes; `dst` writable for 4096 bytes when COPY.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn page_avx2<const COPY: bool>(
+    pub(super) unsafe fn page_avx2<const COPY: bool, const PF: bool>(
         src: *const u8,
         dst: *mut u8,
         pf: *const u8,
@@ -334,14 +389,12 @@ mod x86 {
         unsafe {
             let mut a0 = _mm256_loadu_si256(INIT_ACC.as_ptr().cast());
             let mut a1 = _mm256_loadu_si256(INIT_ACC.as_ptr().add(4).cast());
-            let mut ornz = _mm256_setzero_si256();
             let prime = _mm256_set1_epi32(PRIME32_1 as i32);
-            let mut half = |acc: __m256i, off: usize, koff: usize| -> __m256i {
+            let half = |acc: __m256i, off: usize, koff: usize| -> __m256i {
                 let d = _mm256_loadu_si256(src.add(off).cast());
                 if COPY {
                     _mm256_storeu_si256(dst.add(off).cast(), d);
                 }
-                ornz = _mm256_or_si256(ornz, d);
                 let k = _mm256_loadu_si256(key.add(koff).cast());
                 let dk = _mm256_xor_si256(d, k);
                 let prod = _mm256_mul_epu32(dk, _mm256_srli_epi64::<32>(dk));
@@ -359,7 +412,9 @@ mod x86 {
             for b in 0..3 {
                 for s in 0..16 {
                     let n = b * 16 + s;
-                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                    if PF {
+                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                    }
                     a0 = half(a0, n * 64, s * 8);
                     a1 = half(a1, n * 64 + 32, s * 8 + 32);
                 }
@@ -368,56 +423,67 @@ mod x86 {
             }
             for s in 0..15 {
                 let n = 48 + s;
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
+                }
                 a0 = half(a0, n * 64, s * 8);
                 a1 = half(a1, n * 64 + 32, s * 8 + 32);
             }
-            _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(63 * 64).cast());
+            if PF {
+                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(63 * 64).cast());
+            }
             a0 = half(a0, 63 * 64, 121);
             a1 = half(a1, 63 * 64 + 32, 121 + 32);
-            let nonzero = _mm256_testz_si256(ornz, ornz) == 0;
             let mut out = [0u64; 8];
             _mm256_storeu_si256(out.as_mut_ptr().cast(), a0);
             _mm256_storeu_si256(out.as_mut_ptr().add(4).cast(), a1);
-            digest(out, nonzero)
+            digest(out, if COPY { dst.cast_const() } else { src })
         }
     }
 
     /// # Safety
     /// AVX-512F available; `src` readable for 4096 bytes.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn read_avx512(src: *const u8, pf: *const u8) -> u64 {
+    pub(super) unsafe fn read_avx512<const PF: bool>(src: *const u8, pf: *const u8) -> u64 {
         // SAFETY: loads at offsets < 4096 - 63 of `src`; prefetches never fault.
         unsafe {
-            let mut x = [_mm512_setzero_si512(); 4];
-            for i in 0..16 {
-                for (j, v) in x.iter_mut().enumerate() {
-                    let off = (i * 4 + j) * 64;
-                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off).cast());
-                    *v = _mm512_xor_si512(*v, _mm512_loadu_si512(src.add(off).cast()));
+            // One 64-byte load per stripe in ascending order, like the hashing kernels: a baseline
+            // whose loads the compiler reorders trains the hardware prefetchers worse.
+            let mut x = _mm512_setzero_si512();
+            for n in 0..64 {
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
                 }
+                let d = _mm512_loadu_si512(src.add(n * 64).cast());
+                x = _mm512_add_epi64(x, d);
+                std::arch::asm!("/* {0} */", in(zmm_reg) x, options(nomem, nostack, preserves_flags));
             }
-            let r = _mm512_xor_si512(_mm512_xor_si512(x[0], x[1]), _mm512_xor_si512(x[2], x[3]));
-            _mm512_reduce_or_epi64(r) as u64
+            _mm512_reduce_add_epi64(x) as u64
         }
     }
 
     /// # Safety
     /// AVX2 available; `src` readable for 4096 bytes.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn read_avx2(src: *const u8, pf: *const u8) -> u64 {
+    pub(super) unsafe fn read_avx2<const PF: bool>(src: *const u8, pf: *const u8) -> u64 {
         // SAFETY: loads at offsets < 4096 - 31 of `src`; prefetches never fault.
         unsafe {
-            let mut x = [_mm256_setzero_si256(); 4];
-            for i in 0..32 {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(i * 128).cast());
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(i * 128 + 64).cast());
-                for (j, v) in x.iter_mut().enumerate() {
-                    let off = i * 128 + j * 32;
-                    *v = _mm256_xor_si256(*v, _mm256_loadu_si256(src.add(off).cast()));
+            // Ascending loads, one stripe (two 32-byte halves) at a time; see `read_avx512`.
+            let (mut x0, mut x1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for n in 0..64 {
+                if PF {
+                    _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(n * 64).cast());
                 }
+                x0 = _mm256_add_epi64(x0, _mm256_loadu_si256(src.add(n * 64).cast()));
+                x1 = _mm256_add_epi64(x1, _mm256_loadu_si256(src.add(n * 64 + 32).cast()));
+                std::arch::asm!(
+                    "/* {0} {1} */",
+                    in(ymm_reg) x0,
+                    in(ymm_reg) x1,
+                    options(nomem, nostack, preserves_flags)
+                );
             }
-            let r = _mm256_xor_si256(_mm256_xor_si256(x[0], x[1]), _mm256_xor_si256(x[2], x[3]));
+            let r = _mm256_add_epi64(x0, x1);
             let mut out = [0u64; 4];
             _mm256_storeu_si256(out.as_mut_ptr().cast(), r);
             out[0] ^ out[1] ^ out[2] ^ out[3]

@@ -2,7 +2,7 @@
 
 use std::marker::PhantomData;
 
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
 
 use crate::addr::{Gfn, PAGE_SHIFT, PAGE_SIZE};
 
@@ -61,13 +61,10 @@ pub struct GuestPages<'a> {
 }
 
 impl<'a> GuestPages<'a> {
-    /// View every whole page of every region of an mmap-backed guest memory
-    /// (`vm_memory::GuestMemoryMmap`, or any backend whose regions are `GuestRegionMmap`).
-    pub fn new<M, B>(mem: &'a M) -> Result<Self>
-    where
-        M: GuestMemoryBackend<R = GuestRegionMmap<B>>,
-        B: vm_memory::bitmap::Bitmap,
-    {
+    /// View every whole page of every region of a guest memory whose regions are mapped in this
+    /// process (`vm_memory::GuestMemoryMmap`; any backend whose regions answer
+    /// `GuestMemoryRegion::get_host_address`). Regions without a host mapping are an error.
+    pub fn new<M: GuestMemoryBackend>(mem: &'a M) -> Result<Self> {
         let mut runs = Vec::with_capacity(mem.num_regions());
         for r in mem.iter() {
             let start = r.start_addr().0;
@@ -77,9 +74,19 @@ impl<'a> GuestPages<'a> {
             if pages == 0 {
                 continue;
             }
+            let no_mapping = MemoryError::NoHostMapping { addr: start };
+            let bytes = usize::try_from(pages << PAGE_SHIFT).map_err(|_| no_mapping)?;
+            // `get_host_address` gives a persistent mapping; a `VolatileSlice` over the whole page
+            // range proves those bytes are one contiguous host range. Require both to agree.
             let host = r
                 .get_host_address(MemoryRegionAddress(skip))
-                .map_err(|_| MemoryError::NoHostMapping { addr: start })?;
+                .map_err(|_| no_mapping)?;
+            let whole = r
+                .get_slice(MemoryRegionAddress(skip), bytes)
+                .map_err(|_| no_mapping)?;
+            if whole.ptr_guard().as_ptr() != host || whole.len() != bytes {
+                return Err(no_mapping);
+            }
             runs.push(Run {
                 first,
                 pages,

@@ -138,11 +138,25 @@ fn vgpu_type(args: &MigrateArgs) -> anyhow::Result<VgpuType> {
 
 /// Run `gmig migrate`.
 pub fn run(args: &MigrateArgs, json: bool) -> Result<(), Failure> {
-    match (args.listen, args.to) {
-        (Some(addr), _) => destination(args, &Endpoint::Tcp(addr), json),
-        (None, Some(addr)) => source(args, &Endpoint::Tcp(addr), json),
+    match (&args.listen, &args.to) {
+        (Some(addr), _) => destination(args, &endpoint(addr)?, json),
+        (None, Some(addr)) => source(args, &endpoint(addr)?, json),
         (None, None) => Err(Failure::Error(anyhow!("give --listen ADDR or --to ADDR"))),
     }
+}
+
+/// `HOST:PORT` (TCP) or `unix:PATH` (Unix socket).
+fn endpoint(s: &str) -> anyhow::Result<Endpoint> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err(anyhow!("`unix:` needs a socket path"));
+        }
+        return Ok(Endpoint::Unix(path.into()));
+    }
+    let addr = s
+        .parse()
+        .with_context(|| format!("`{s}` is neither HOST:PORT nor unix:PATH"))?;
+    Ok(Endpoint::Tcp(addr))
 }
 
 fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> {
@@ -212,7 +226,18 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
     .context("booting the guest")?;
     vm.run_steps(args.frames_before)
         .context("running the guest")?;
-    let conn = ep.connect().context("connecting")?;
+    // The destination may still be starting: retry a refused connection for a few seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let conn = loop {
+        match ep.connect() {
+            Ok(c) => break c,
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::debug!("connect: {e}; retrying");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(Failure::Error(anyhow!(e).context("connecting"))),
+        }
+    };
     let conn: Box<dyn Connection> = match args.link_gbps {
         Some(g) => Box::new(Throttled::new(conn, g).context("link speed")?),
         None => conn,

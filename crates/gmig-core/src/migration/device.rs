@@ -116,6 +116,7 @@ pub struct SourceDevice<V: MigratableVm> {
     pipeline: Option<Pipeline>,
     states: Option<Vec<(StateKind, Vec<u8>)>>,
     finished: bool,
+    stop_copy_planned: u64,
     stats: SourceStats,
 }
 
@@ -160,6 +161,7 @@ impl<V: MigratableVm> SourceDevice<V> {
             pipeline: None,
             states: None,
             finished: false,
+            stop_copy_planned: 0,
             stats: SourceStats::default(),
         })
     }
@@ -312,6 +314,7 @@ impl<V: MigratableVm> SourceDevice<V> {
         let Some(snap) = self.snap.take() else {
             // Stop-and-copy: no pre-copy, every migratable page goes now.
             self.queue.extend(self.vm.migratable_pages());
+            self.stop_copy_planned = self.queue.len() as u64;
             self.phase = Phase::StopCopy;
             return Ok(());
         };
@@ -335,6 +338,10 @@ impl<V: MigratableVm> SourceDevice<V> {
             }
             _ => None,
         };
+        self.stop_copy_planned = self.queue.len() as u64
+            + candidates
+                .as_ref()
+                .map_or(tracked.count(), DirtyBitmap::count);
         self.stats.rehashed = candidates
             .as_ref()
             .map_or(tracked.count(), DirtyBitmap::count);
@@ -486,17 +493,57 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
     }
 
     fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
-        // Honest upper bound: every page that might still go (all sent pages may have changed,
-        // plus all unsent ones) in full, with record and section overheads, plus the state.
-        let pages = self.vm.migratable_pages().len() as u64 + self.queue.len() as u64;
+        // An honest upper bound of what STOP_COPY would still produce, counting every page as a
+        // full record: pages still queued, plus every sent page that may have changed — the
+        // sound candidate set where it is known (it covers every write since pre-copy began),
+        // all sent pages where it is not — or, once stopped, what the downtime plan has left.
+        let pages = match self.phase {
+            Phase::Idle => self.vm.migratable_pages().len() as u64,
+            Phase::PreCopy => {
+                let sent = self.snap.as_ref().map_or(0, |s| s.recorded().count());
+                let may_change = match (self.vm.write_candidates(), self.vm.queued_write_bound()) {
+                    (Candidates::Pages(p), Some(queued)) => (p.len() as u64 + queued).min(sent),
+                    _ => sent,
+                };
+                self.queue.len() as u64 + may_change
+            }
+            // While the re-hash runs, any planned page may still go; after it, only the queue.
+            Phase::StopCopy if self.pipeline.is_some() => self
+                .stop_copy_planned
+                .saturating_sub(self.stats.pages_stop_copy),
+            Phase::StopCopy => self.queue.len() as u64,
+        };
         let per_page = (PAGE_SIZE + crate::stream::PAGE_RECORD_LEN) as u64;
-        let batches = pages.div_ceil(self.batch_pages as u64) + 1;
-        let state: u64 = self
-            .vm
-            .save_state()
-            .map(|s| s.iter().map(|(_, p)| p.len() as u64 + 16).sum())
-            .unwrap_or(1 << 20);
-        Ok(pages * per_page + batches * 24 + state + 256)
+        let header =
+            (crate::stream::SECTION_HEADER_LEN + crate::stream::PAGE_BATCH_HEADER_LEN) as u64;
+        let stopped = matches!(self.phase, Phase::StopCopy);
+        // Device state still to be written: captured at the stop (and gone once written), or what
+        // a capture now would give.
+        let state: u64 = match (&self.states, stopped) {
+            (Some(s), _) => s.iter().map(|(_, p)| p.len() as u64 + header).sum(),
+            (None, true) => 0,
+            (None, false) => self
+                .vm
+                .save_state()
+                .map_err(|e| failed("save state", e))?
+                .iter()
+                .map(|(_, p)| p.len() as u64 + header)
+                .sum(),
+        };
+        let end = if self.writer.is_some() || !stopped {
+            (crate::stream::SECTION_HEADER_LEN + crate::stream::END_PAYLOAD_LEN) as u64
+        } else {
+            0
+        };
+        let pos = self.out_pos as u64;
+        let pending = self
+            .pending()
+            .map_or(0, |p| (p.len() as u64).saturating_sub(pos));
+        Ok(pages * per_page
+            + pages.div_ceil(self.batch_pages as u64) * header
+            + state
+            + end
+            + pending)
     }
 
     fn start_precopy(&mut self) -> ArcResult {
@@ -589,6 +636,8 @@ pub struct DestDevice<F: VmFactory> {
     vm: Option<F::Vm>,
     times: RestoreTimes,
     pages: u64,
+    /// Frames written in this session (the factory's memory starts zero-filled).
+    written: Vec<bool>,
 }
 
 impl<F: VmFactory> std::fmt::Debug for DestDevice<F> {
@@ -639,6 +688,7 @@ impl<F: VmFactory> DestDevice<F> {
             vm: None,
             times: RestoreTimes::default(),
             pages: 0,
+            written: Vec::new(),
         }
     }
 
@@ -679,6 +729,7 @@ impl<F: VmFactory> DestDevice<F> {
         self.memory = None;
         self.states.clear();
         self.pages = 0;
+        self.written = Vec::new();
     }
 
     fn apply(&mut self, section: Section) -> Result<(), DeviceError> {
@@ -690,7 +741,15 @@ impl<F: VmFactory> DestDevice<F> {
                     .ok_or(DeviceError::Failed("no staging memory".into()))?;
                 let zero = [0u8; PAGE_SIZE];
                 for (gfn, data) in batch.iter() {
+                    let slot = usize::try_from(gfn.0).ok();
+                    let seen = slot.and_then(|i| self.written.get(i)).copied();
                     let page = match data {
+                        // Fresh guest memory reads as zero: a zero page for a frame this stream
+                        // has not written yet needs no write (and no page fault).
+                        PageData::Zero if seen == Some(false) => {
+                            self.pages += 1;
+                            continue;
+                        }
                         PageData::Zero => &zero,
                         PageData::Full(p) => p,
                     };
@@ -702,6 +761,9 @@ impl<F: VmFactory> DestDevice<F> {
                             offset: 0,
                             reason: format!("frame 0x{:x} not in guest memory: {e}", gfn.0),
                         })?;
+                    if let Some(w) = slot.and_then(|i| self.written.get_mut(i)) {
+                        *w = true;
+                    }
                     self.pages += 1;
                 }
             }
@@ -781,6 +843,9 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
                             .create_memory(&header)
                             .map_err(|e| DeviceError::Failed(e.to_string()))?;
                         self.memory = Some(mem);
+                        // Bounded: the header's guest size passed `max_guest_pages`.
+                        self.written =
+                            vec![false; usize::try_from(header.guest_pages).unwrap_or(0)];
                     }
                 }
                 match section {

@@ -126,6 +126,12 @@ pub trait MigratableVm: Send {
     /// Stop accepting submissions and let at most `max_drain` in-flight workloads finish; the
     /// rest stays queued (and is carried in the device state). Returns how many finished.
     fn quiesce(&mut self, max_drain: usize) -> std::result::Result<usize, VmError>;
+    /// How many pages the workloads still queued may write when they run (a drain runs some of
+    /// them after the stop), for the MIG_DATA_SIZE bound; `None` when that is not known, which
+    /// makes the bound count every sent page. The default is `None`.
+    fn queued_write_bound(&self) -> Option<u64> {
+        None
+    }
     /// Accept submissions again (after a failed migration, or on the destination).
     fn unquiesce(&mut self) -> std::result::Result<(), VmError>;
     /// The device state, one payload per [`StateKind`].
@@ -138,7 +144,8 @@ pub trait VmFactory: Send {
     type Vm: MigratableVm;
     /// What this destination accepts.
     fn compatibility(&self) -> Compatibility;
-    /// Private guest memory for the incoming stream (nobody runs on it until restore).
+    /// Private, zero-filled guest memory for the incoming stream (nobody runs on it until
+    /// restore; zero pages for frames not yet written are not written again).
     fn create_memory(
         &mut self,
         header: &StreamHeader,
@@ -431,10 +438,24 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<MigrationReport> {
     let mut conn = Counted::new(conn);
-    let counters = conn.counters();
     let mut committed = false;
-    let result = run_source(handle, &mut conn, cfg, progress, &mut committed);
-    if result.is_err() && !committed {
+    let mut result = run_source(handle, &mut conn, cfg, progress, &mut committed);
+    if let Err(MigrationError::Transport { phase, .. } | MigrationError::Closed { phase }) = &result
+    {
+        let phase = *phase;
+        // A destination that refuses the stream says why before it hangs up; a write that failed
+        // because of that should report the reason, not just the broken pipe.
+        if conn
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_ok()
+        {
+            if let Ok(Control::Rejected(reason)) = Control::read_from(&mut conn) {
+                result = Err(MigrationError::Rejected { phase, reason });
+            }
+        }
+    }
+    if let (Err(e), false) = (&result, committed) {
+        tracing::warn!(error = %e, "migration failed; returning the source to RUNNING");
         let _ = conn.shutdown();
         // Back to RUNNING: from PRE_COPY by aborting it, from STOP_COPY through STOP; a device in
         // ERROR is reset (which also resumes it).
@@ -447,7 +468,6 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
             let _ = MigrationTarget::reset(handle);
         }
     }
-    let _ = counters;
     result
 }
 
@@ -461,6 +481,7 @@ fn run_source<V: MigratableVm, C: Connection>(
     use MigrationPhase as P;
     let counters = conn.counters();
     conn.set_read_timeout(Some(cfg.timeout))
+        .and_then(|()| conn.set_write_timeout(Some(cfg.timeout)))
         .map_err(io_err(P::Handshake))?;
     let t_start = Instant::now();
     let pages_hint = handle.device().vm().migratable_pages().len() as u64;
@@ -506,6 +527,11 @@ fn run_source<V: MigratableVm, C: Connection>(
     let bytes_precopy;
     if precopy {
         MigrationTarget::set_state(handle, DeviceState::PreCopy).map_err(dev_err(P::PreCopy))?;
+        tracing::debug!(
+            policy = cfg.policy.name(),
+            pages = pages_hint,
+            "pre-copy started"
+        );
         handshake(handle, conn, &mut buf)?;
         let mut batches_seen = 0u64;
         loop {
@@ -555,6 +581,11 @@ fn run_source<V: MigratableVm, C: Connection>(
         }
         conn.flush().map_err(io_err(P::PreCopy))?;
         bytes_precopy = counters.sent();
+        tracing::debug!(
+            bytes = bytes_precopy,
+            steps,
+            "pre-copy done; stopping the vGPU"
+        );
         t_stop = Instant::now();
         MigrationTarget::set_state(handle, DeviceState::StopCopy).map_err(dev_err(P::StopCopy))?;
     } else {
@@ -583,10 +614,15 @@ fn run_source<V: MigratableVm, C: Connection>(
     conn.flush().map_err(io_err(P::StopCopy))?;
     let t_sent = Instant::now();
     let bytes_total = counters.sent();
+    tracing::debug!(
+        bytes = bytes_total,
+        "stop-copy sent; waiting for the destination"
+    );
 
     expect_control(conn, P::Restore, &Control::Restored)?;
     Control::Commit.write_to(conn).map_err(io_err(P::Commit))?;
     *committed = true;
+    tracing::debug!("committed: the vGPU belongs to the destination");
     let stats = handle.device().stats();
     // The session is over on this side; the source stays stopped.
     MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Commit))?;
@@ -681,6 +717,7 @@ fn run_destination<F: VmFactory, C: Connection>(
     use MigrationPhase as P;
     let counters = conn.counters();
     conn.set_read_timeout(Some(cfg.timeout))
+        .and_then(|()| conn.set_write_timeout(Some(cfg.timeout)))
         .map_err(io_err(P::Handshake))?;
     MigrationTarget::set_state(handle, DeviceState::Resuming).map_err(dev_err(P::Handshake))?;
 

@@ -234,7 +234,12 @@ impl ToyVm {
                 .map_err(|e| VmError(e.to_string()))?;
             h.update(&page);
         }
-        let surface_guest = self.surface - self.host_aperture + self.guest_aperture;
+        // Wrapping: a vGPU restored without remapping (the negative control) may hold a surface
+        // below its own slice; the digest must still be computable (and then differs).
+        let surface_guest = self
+            .surface
+            .wrapping_sub(self.host_aperture)
+            .wrapping_add(self.guest_aperture);
         h.update(&surface_guest.to_le_bytes());
         h.update(&self.engine.submitted.to_le_bytes());
         h.update(&self.engine.executed.to_le_bytes());
@@ -293,6 +298,12 @@ impl MigratableVm for ToyVm {
             n += 1;
         }
         Ok(n)
+    }
+
+    fn queued_write_bound(&self) -> Option<u64> {
+        self.queue
+            .iter()
+            .try_fold(0u64, |acc, c| (!c.opaque).then(|| acc + u64::from(c.pages)))
     }
 
     fn unquiesce(&mut self) -> Result<(), VmError> {
@@ -379,6 +390,9 @@ impl VmFactory for ToyFactory {
         let cfg: ToyConfig = dec(states, StateKind::DeviceConfig)?;
         if cfg.pages != header.guest_pages {
             return Err(VmError("config and header disagree on guest size".into()));
+        }
+        if cfg.pages <= RING_PAGES + 1 || cfg.max_cmd_pages == 0 {
+            return Err(VmError("toy VM config out of range".into()));
         }
         let (surface, guest_aperture): (u64, u64) = dec(states, StateKind::Registers)?;
         let (src_aperture, _src_hidden): (u64, u64) = dec(states, StateKind::Ggtt)?;

@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use gmig_cmdparser::{Gen, SliceMove, VgpuSlices};
+use gmig_cmdparser::{Gen, SliceMove, VgpuSlices, WriteSet};
 use serde::{de::DeserializeOwned, Serialize};
 use vm_memory::GuestMemoryMmap;
 
@@ -228,6 +228,33 @@ impl MigratableVm for VgpuVm {
 
     fn quiesce(&mut self, max_drain: usize) -> Result<usize, VmError> {
         Ok(self.vgpu.pause(max_drain).executed)
+    }
+
+    fn queued_write_bound(&self) -> Option<u64> {
+        // Each queued workload's commands, decoded as the engine will run them: their write sets
+        // bound what they may touch (an unknown one bounds nothing). Completing a workload also
+        // writes its status page (seqno, CSB) and its context's ring head: two pages more.
+        let gen = self.vgpu.config().gen;
+        let mut pages = 0u64;
+        for w in &self.vgpu.queue {
+            let engine = crate::shadow::parser_engine(w.engine);
+            for cmd in &w.commands {
+                let d = gmig_cmdparser::decode_one(gen, engine, &cmd.dwords, 0).ok()?;
+                match d.write_set(&cmd.ctx) {
+                    WriteSet::Nothing => {}
+                    WriteSet::Unknown => return None,
+                    WriteSet::Ranges(ranges) => {
+                        for r in ranges {
+                            let first = r.start / PAGE_SIZE;
+                            let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
+                            pages = pages.saturating_add(last - first + 1);
+                        }
+                    }
+                }
+            }
+            pages = pages.saturating_add(2);
+        }
+        Some(pages)
     }
 
     fn unquiesce(&mut self) -> Result<(), VmError> {

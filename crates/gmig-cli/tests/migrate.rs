@@ -1,0 +1,153 @@
+//! `gmig migrate` between two processes over TCP, and `gmig demo --json`.
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+
+fn gmig() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gmig"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn json(out: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(out);
+    serde_json::from_str(text.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {text}"))
+}
+
+fn pair(dest_type: &str, policy: &str) -> (std::process::Output, std::process::Output) {
+    pair_at(&format!("127.0.0.1:{}", free_port()), dest_type, policy)
+}
+
+fn pair_at(
+    addr: &str,
+    dest_type: &str,
+    policy: &str,
+) -> (std::process::Output, std::process::Output) {
+    let addr = addr.to_string();
+    let dest = gmig()
+        .args(["--json", "migrate", "--listen", &addr, "--ram-mib", "48"])
+        .args(["--vgpu-type", dest_type])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let src = gmig()
+        .args([
+            "--json",
+            "migrate",
+            "--to",
+            &addr,
+            "--ram-mib",
+            "48",
+            "--frames-before",
+            "1",
+        ])
+        .args([
+            "--profile",
+            "desktop",
+            "--vgpu-type",
+            "64+384",
+            "--policy",
+            policy,
+        ])
+        .output()
+        .unwrap();
+    (src, dest.wait_with_output().unwrap())
+}
+
+#[test]
+fn migrate_between_two_processes() {
+    let (src, dst) = pair("64+384", "one-shot-narrow");
+    assert!(
+        src.status.success(),
+        "{}",
+        String::from_utf8_lossy(&src.stderr)
+    );
+    assert!(
+        dst.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dst.stderr)
+    );
+    let s = json(&src.stdout);
+    let d = json(&dst.stdout);
+    assert_eq!(s["policy"], "one-shot-narrow");
+    assert_eq!(s["role"], "source");
+    let total = s["pages_total"].as_u64().unwrap();
+    assert_eq!(
+        total,
+        (48 << 20) / 4096 + s["pages_stop_copy"].as_u64().unwrap()
+    );
+    assert_eq!(d["pages_received"].as_u64().unwrap(), total);
+    assert_eq!(d["gpu_faults"], 0);
+    assert!(s["downtime_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn an_incompatible_destination_refuses_and_the_source_says_why() {
+    let (src, dst) = pair("128+512", "one-shot");
+    assert_eq!(src.status.code(), Some(1));
+    assert_eq!(dst.status.code(), Some(1));
+    let s = json(&src.stdout);
+    let err = s["error"].as_str().unwrap();
+    assert!(err.contains("incompatible vGPU type"), "{err}");
+    assert!(err.contains("running on the source again"), "{err}");
+}
+
+#[test]
+fn demo_reports_an_identical_migration() {
+    let out = gmig().args(["demo", "--json"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out.stdout);
+    assert_eq!(v["identical"], true);
+    assert_eq!(v["policy"], "one-shot-narrow");
+    for k in [
+        "downtime_ms",
+        "pages_precopy",
+        "pages_stop_copy",
+        "pages_total",
+        "bytes_on_wire",
+    ] {
+        assert!(v[k].is_number(), "{k} missing: {v}");
+    }
+    assert!(v["pages_stop_copy"].as_u64().unwrap() < v["pages_precopy"].as_u64().unwrap() / 5);
+}
+
+#[test]
+fn migrate_over_a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("unix:{}", dir.path().join("gmig.sock").display());
+    let (src, dst) = pair_at(&addr, "64+384", "iterative");
+    assert!(
+        src.status.success(),
+        "{}",
+        String::from_utf8_lossy(&src.stderr)
+    );
+    assert!(
+        dst.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dst.stderr)
+    );
+    assert_eq!(json(&src.stdout)["policy"], "iterative");
+}
+
+#[test]
+fn a_bad_address_is_a_clear_error() {
+    let out = gmig()
+        .args(["migrate", "--to", "nowhere"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("neither HOST:PORT nor unix:PATH"), "{err}");
+}
