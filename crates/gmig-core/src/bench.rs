@@ -309,6 +309,9 @@ impl<C: Connection> Connection for CatchUp<C> {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(timeout)
     }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(timeout)
+    }
 }
 
 /// Destination side of the switch-over barrier: bytes returned by one `read` count as applied
@@ -356,6 +359,9 @@ impl<C: Connection> Connection for Applied<C> {
     }
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         self.inner.set_read_timeout(timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(timeout)
     }
 }
 
