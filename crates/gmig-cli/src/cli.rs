@@ -186,20 +186,68 @@ pub enum BenchWhat {
         #[arg(long)]
         prefetch_pages: Option<usize>,
     },
-    /// The migration matrix: profiles × vGPU types × policies × link speeds.
-    Migrate {
-        /// A small matrix that finishes in under two minutes.
-        #[arg(long)]
-        quick: bool,
-        /// Write JSON, Markdown and plots into this directory.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Repetitions per row.
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
-    },
+    /// The migration matrix: profiles × vGPU types × policies × link speeds × repetitions.
+    Migrate(BenchMigrateArgs),
     /// Reproduce the shape of gMig's evaluation beside the paper's figures.
-    Paper,
+    Paper(BenchPaperArgs),
+}
+
+/// Knobs shared by `gmig bench migrate` and `gmig bench paper`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchCommonArgs {
+    /// Guest workloads (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub profiles: Vec<ProfileArg>,
+    /// vGPU types as aperture+hidden MiB (comma-separated: 64+384,128+512,256+1024,512+2048).
+    #[arg(long, value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Link speeds: `unlimited` or Gbit/s (comma-separated, e.g. unlimited,25,10,1).
+    #[arg(long, value_delimiter = ',')]
+    pub links: Vec<String>,
+    /// Repetitions per row.
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// Hashing threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Guest RAM in MiB instead of the vGPU type's graphics-memory size (smoke tests).
+    #[arg(long)]
+    pub ram_mib: Option<u64>,
+    /// The small (256×192) workload instead of 1024×768 (smoke tests).
+    #[arg(long)]
+    pub small_workload: bool,
+    /// Stop the source only once the destination has applied every pre-copy byte (emulates a
+    /// destination-acknowledged switch-over; the engine stops as soon as it has written them).
+    #[arg(long)]
+    pub sync_precopy: bool,
+    /// Leave untouched guest pages unbacked (they then read from the kernel's shared zero page,
+    /// in cache, which flatters hashing); by default every page is backed before migrating.
+    #[arg(long)]
+    pub untouched_memory: bool,
+    /// Write JSON, Markdown and SVG plots into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchMigrateArgs {
+    /// A small matrix that finishes in under two minutes on a 2-core machine.
+    #[arg(long)]
+    pub quick: bool,
+    /// Migration policies (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub policies: Vec<PolicyArg>,
+    #[command(flatten)]
+    pub common: BenchCommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchPaperArgs {
+    #[command(flatten)]
+    pub common: BenchCommonArgs,
 }
 
 /// Page-hashing kernel for `gmig bench hash`.

@@ -12,6 +12,7 @@
 //! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod checkpoint;
 pub mod exec;
 pub mod gm;

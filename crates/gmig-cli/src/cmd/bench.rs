@@ -32,14 +32,8 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
             };
             hash(*size_mib, options, *reps, json)
         }
-        BenchWhat::Migrate { .. } => Err(Failure::not_built(
-            "bench migrate",
-            "issue 8 (the bench harness)",
-        )),
-        BenchWhat::Paper => Err(Failure::not_built(
-            "bench paper",
-            "issue 8 (the bench harness)",
-        )),
+        BenchWhat::Migrate(a) => super::bench_migrate::migrate(a, json),
+        BenchWhat::Paper(a) => super::bench_migrate::paper(a, json),
     }
 }
 

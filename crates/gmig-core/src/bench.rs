@@ -1,0 +1,560 @@
+//! Benchmark scenarios for `gmig bench`: one migration of a booted reference vGPU over loopback
+//! TCP (optionally paced to a link speed), with the memory-read bandwidth of the same guest
+//! memory measured in the same run, and the lower bound on downtime derived from both.
+//!
+//! A *case* is one point of the matrix (profile × vGPU type × policy × link); a *sample* is one
+//! repetition of it; a [`Summary`] condenses the samples' times into percentiles.
+//!
+//! **Guest memory.** The guest gets as much RAM as its vGPU type has graphics memory (448 MiB for
+//! 64+384), so "vGPU size" and "pages the migration carries" grow together, as they do on a real
+//! GVT-g host where the GTT-backed pages are what gMig hashes.
+//!
+//! **Lower bound.** `bound = stop-copy bytes / link rate + re-hashed bytes / read bandwidth`,
+//! where the read bandwidth is the best of two plain read passes over the whole guest memory with
+//! the same threads the engine hashes with, taken right before the migration starts. With an
+//! unlimited link the link term is 0. Because hashing and sending overlap, a downtime below this
+//! bound (ratio < 1) is possible and means the overlap worked.
+//!
+//! **Switch-over barrier (`sync_precopy`).** The engine stops the source as soon as it has
+//! *written* the last pre-copy byte. Zero pages cost a few bytes on the wire but a page write on
+//! the destination, so after a one-shot pass over mostly-zero guest memory the destination is
+//! still applying megabytes of queued pre-copy stream when the source stops, and the downtime
+//! absorbs that backlog. With `sync_precopy` the source's connection makes every `flush` (the
+//! engine flushes once at the end of pre-copy) wait until the destination has *applied* every
+//! byte written so far: the switch-over a destination-acknowledged protocol would give. It is a
+//! benchmark-side emulation of that fix; the engine itself is unchanged.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use gmig_cmdparser::Gen;
+use gmig_dirty::{GuestPages, Hasher};
+
+use crate::checkpoint::RestoreOptions;
+use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType, PAGE_SIZE};
+use crate::migration::vgpu_vm::{VgpuFactory, VgpuVm};
+use crate::migration::{
+    migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
+    MigrationError, MigrationReport, Policy, VmError,
+};
+use crate::transport::{Connection, Endpoint, Throttled, TransportError};
+use crate::workload::{Profile, WorkloadConfig};
+
+/// Errors of a benchmark run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// The case itself is invalid (a bad link speed, no repetitions).
+    #[error("bad benchmark case: {0}")]
+    Config(String),
+    /// Placing the vGPU's slices failed.
+    #[error("placing a {ty} vGPU: {reason}")]
+    Placement {
+        /// The vGPU type.
+        ty: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Booting or running the guest failed.
+    #[error("guest: {0}")]
+    Vm(#[from] VmError),
+    /// The loopback connection could not be made.
+    #[error("loopback transport: {0}")]
+    Transport(#[from] TransportError),
+    /// Measuring memory bandwidth failed.
+    #[error("memory probe: {0}")]
+    Probe(String),
+    /// The migration failed.
+    #[error("migration: {0}")]
+    Migration(#[from] MigrationError),
+    /// The destination thread panicked.
+    #[error("the destination thread panicked")]
+    DestinationPanicked,
+}
+
+/// Result of this module.
+pub type Result<T> = std::result::Result<T, BenchError>;
+
+/// One point of the benchmark matrix.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BenchCase {
+    /// Guest workload.
+    pub profile: Profile,
+    /// vGPU type (the guest's RAM is its graphics-memory size).
+    pub ty: VgpuType,
+    /// Migration policy.
+    pub policy: Policy,
+    /// Link speed in Gbit/s; `None` is unlimited (loopback TCP at full speed).
+    pub link_gbps: Option<f64>,
+    /// Workload seed.
+    pub seed: u64,
+    /// Frames the guest runs before the migration starts.
+    pub warmup_steps: u64,
+    /// Workload sizes.
+    pub workload: WorkloadConfig,
+    /// Threads hashing (and probing memory bandwidth); 0 means one per core.
+    pub hash_threads: usize,
+    /// The guest runs one frame after every this many pre-copy batches.
+    pub step_every_batches: u64,
+    /// Guest RAM override in bytes (`None`: the vGPU type's graphics-memory size). Tests use
+    /// small guests.
+    pub ram_bytes: Option<u64>,
+    /// Stop the source only once the destination has applied all pre-copy bytes (see the module
+    /// docs).
+    pub sync_precopy: bool,
+    /// Back every guest page with its own memory before the migration (read a byte of each page
+    /// and write it back: contents unchanged). A fresh mapping reads its untouched pages from
+    /// one shared zero page, which sits in cache and flatters both hashing and the read probe;
+    /// a real guest's RAM is populated.
+    pub touch_memory: bool,
+}
+
+impl BenchCase {
+    /// A case with the defaults `gmig bench` uses: seed 1, 4 warm-up frames, the default
+    /// (1024×768) workload, all cores hashing, one frame per 8 pre-copy batches (8 MiB of
+    /// pages sent per frame).
+    pub fn new(profile: Profile, ty: VgpuType, policy: Policy, link_gbps: Option<f64>) -> Self {
+        Self {
+            profile,
+            ty,
+            policy,
+            link_gbps,
+            seed: 1,
+            warmup_steps: 4,
+            workload: WorkloadConfig::default(),
+            hash_threads: 0,
+            step_every_batches: 8,
+            ram_bytes: None,
+            sync_precopy: false,
+            touch_memory: true,
+        }
+    }
+
+    /// Guest RAM of this case in bytes.
+    pub fn guest_bytes(&self) -> u64 {
+        self.ram_bytes
+            .unwrap_or(self.ty.aperture_size() + self.ty.hidden_size())
+    }
+}
+
+/// What one repetition of a case measured.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BenchSample {
+    /// The engine's own report.
+    pub report: MigrationReport,
+    /// Plain read bandwidth of the guest memory, GB/s (10^9 bytes), with the hashing threads.
+    pub read_gbps: f64,
+    /// Link term of the bound: stop-copy bytes at the link rate, ms (0 when unlimited).
+    pub bound_link_ms: f64,
+    /// Memory term of the bound: the pages re-hashed (or, where more, sent) in downtime at the
+    /// read bandwidth, ms.
+    pub bound_hash_ms: f64,
+    /// The lower bound, ms.
+    pub bound_ms: f64,
+    /// Booting, warming up and probing before the migration, ms (not part of the migration).
+    pub setup_ms: f64,
+}
+
+/// The lower bound on downtime for `stop_copy_bytes` over a link of `link_gbps` (unlimited when
+/// `None`) and `read_pages` that must be read in downtime at `read_gbps`. Returns
+/// `(link_ms, hash_ms)`.
+pub fn lower_bound_ms(
+    stop_copy_bytes: u64,
+    link_gbps: Option<f64>,
+    read_pages: u64,
+    read_gbps: f64,
+) -> (f64, f64) {
+    let link_ms = match link_gbps {
+        Some(g) if g > 0.0 => stop_copy_bytes as f64 * 8.0 / (g * 1e9) * 1e3,
+        _ => 0.0,
+    };
+    let hash_ms = if read_gbps > 0.0 {
+        (read_pages * PAGE_SIZE) as f64 / (read_gbps * 1e9) * 1e3
+    } else {
+        0.0
+    };
+    (link_ms, hash_ms)
+}
+
+/// Source and destination slices on two default hosts; the destination's slices are at other
+/// offsets (a smaller vGPU sits first there), so remapping has real work.
+pub fn host_slices(ty: VgpuType) -> Result<(VgpuSlices, VgpuSlices)> {
+    let place_err = |e: &dyn std::fmt::Display| BenchError::Placement {
+        ty: ty.name(),
+        reason: e.to_string(),
+    };
+    let mut src = PartitionManager::new(HostConfig::default()).map_err(|e| place_err(&e))?;
+    let (_, s) = src.place(ty).map_err(|e| place_err(&e))?;
+    let mut dst = PartitionManager::new(HostConfig::default()).map_err(|e| place_err(&e))?;
+    dst.place(VgpuType::V5_8).map_err(|e| place_err(&e))?;
+    let (_, d) = dst
+        .place_avoiding(ty, Some(&s))
+        .map_err(|e| place_err(&e))?;
+    Ok((s, d))
+}
+
+/// Fault in every page of `mem` with its own memory, keeping the contents (the first byte of
+/// each page is read and written back).
+pub fn touch_every_page(mem: &vm_memory::GuestMemoryMmap) -> Result<()> {
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+    let probe = |e: &dyn std::fmt::Display| BenchError::Probe(e.to_string());
+    for region in mem.iter() {
+        let start = region.start_addr().0;
+        let mut off = 0u64;
+        while off < region.len() {
+            let addr = GuestAddress(start + off);
+            let b: u8 = mem.read_obj(addr).map_err(|e| probe(&e))?;
+            mem.write_obj(b, addr).map_err(|e| probe(&e))?;
+            off += PAGE_SIZE;
+        }
+    }
+    Ok(())
+}
+
+/// Best-of-`passes` plain read bandwidth of all of `vm`'s guest memory, GB/s.
+pub fn read_bandwidth_gbps(vm: &VgpuVm, threads: usize, passes: usize) -> Result<f64> {
+    let probe = |e: &dyn std::fmt::Display| BenchError::Probe(e.to_string());
+    let hasher = Hasher::new(threads).map_err(|e| probe(&e))?;
+    let pages = GuestPages::new(vm.memory()).map_err(|e| probe(&e))?;
+    let frames = pages.frames().map_err(|e| probe(&e))?;
+    let bytes = frames.count() * PAGE_SIZE;
+    let mut best = Duration::MAX;
+    let mut sink = 0u64;
+    for _ in 0..passes.max(1) {
+        let t = Instant::now();
+        sink ^= hasher
+            .read_probe(&pages, &frames, true)
+            .map_err(|e| probe(&e))?;
+        best = best.min(t.elapsed());
+    }
+    std::hint::black_box(sink);
+    Ok(bytes as f64 / best.as_secs_f64().max(1e-9) / 1e9)
+}
+
+fn loopback_pair() -> Result<(Box<dyn Connection>, Box<dyn Connection>)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let listener = Endpoint::Tcp(addr).listen()?;
+    let ep = listener.endpoint()?;
+    let accept = thread::spawn(move || listener.accept());
+    let a = ep.connect()?;
+    let b = accept
+        .join()
+        .map_err(|_| BenchError::DestinationPanicked)??;
+    Ok((a, b))
+}
+
+/// Bytes the barrier lets stay unconfirmed (control messages).
+const SLACK: u64 = 4096;
+
+/// Source side of the switch-over barrier: counts bytes written; `flush` waits until the
+/// destination has applied them all.
+#[derive(Debug)]
+pub struct CatchUp<C> {
+    inner: C,
+    written: u64,
+    applied: Arc<AtomicU64>,
+    timeout: Duration,
+}
+
+impl<C> CatchUp<C> {
+    /// Wrap the source's connection; `applied` is shared with the destination's [`Applied`].
+    pub fn new(inner: C, applied: Arc<AtomicU64>, timeout: Duration) -> Self {
+        Self {
+            inner,
+            written: 0,
+            applied,
+            timeout,
+        }
+    }
+}
+
+impl<C: Read> Read for CatchUp<C> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<C: Write> Write for CatchUp<C> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(data)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()?;
+        let t = Instant::now();
+        // A control message (a few bytes) may stay unconfirmed: the destination does not read
+        // again after the last one.
+        while self.applied.load(Ordering::Acquire) + SLACK < self.written {
+            if t.elapsed() > self.timeout {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the destination did not catch up with the stream",
+                ));
+            }
+            thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+}
+
+impl<C: Connection> Connection for CatchUp<C> {
+    fn shutdown(&self) -> io::Result<()> {
+        self.inner.shutdown()
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_read_timeout(timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(timeout)
+    }
+}
+
+/// Destination side of the switch-over barrier: bytes returned by one `read` count as applied
+/// when the destination asks for more (the engine applies each chunk before reading the next).
+#[derive(Debug)]
+pub struct Applied<C> {
+    inner: C,
+    pending: u64,
+    applied: Arc<AtomicU64>,
+}
+
+impl<C> Applied<C> {
+    /// Wrap the destination's connection.
+    pub fn new(inner: C, applied: Arc<AtomicU64>) -> Self {
+        Self {
+            inner,
+            pending: 0,
+            applied,
+        }
+    }
+}
+
+impl<C: Read> Read for Applied<C> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.applied.fetch_add(self.pending, Ordering::AcqRel);
+        self.pending = 0;
+        let n = self.inner.read(buf)?;
+        self.pending = n as u64;
+        Ok(n)
+    }
+}
+
+impl<C: Write> Write for Applied<C> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.inner.write(data)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<C: Connection> Connection for Applied<C> {
+    fn shutdown(&self) -> io::Result<()> {
+        self.inner.shutdown()
+    }
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_read_timeout(timeout)
+    }
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.inner.set_write_timeout(timeout)
+    }
+}
+
+/// The engine configuration a case runs with.
+pub fn migration_config(case: &BenchCase) -> MigrationConfig {
+    let mut cfg = MigrationConfig::new(case.policy);
+    if case.hash_threads > 0 {
+        cfg.hash_threads = case.hash_threads;
+    }
+    cfg.step_every_batches = case.step_every_batches;
+    cfg.timeout = Duration::from_secs(120);
+    cfg
+}
+
+/// Run one repetition of `case`: boot, warm up, probe the read bandwidth, migrate over loopback
+/// TCP (paced on the source's side when a link speed is set), and compute the bound.
+pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
+    if let Some(g) = case.link_gbps {
+        if !(g.is_finite() && g > 0.0) {
+            return Err(BenchError::Config(format!("link speed {g} Gbit/s")));
+        }
+    }
+    let t_setup = Instant::now();
+    let (s, d) = host_slices(case.ty)?;
+    let ram = case.guest_bytes();
+    let mut vm = VgpuVm::boot(case.ty, s, ram, case.profile, case.workload, case.seed)?;
+    vm.run_steps(case.warmup_steps)?;
+    if case.touch_memory {
+        touch_every_page(vm.memory())?;
+    }
+    let cfg = migration_config(case);
+    let read_gbps = read_bandwidth_gbps(&vm, cfg.hash_threads, 2)?;
+    let setup_ms = t_setup.elapsed().as_secs_f64() * 1e3;
+
+    let (a, b) = loopback_pair()?;
+    let factory = VgpuFactory {
+        gen: Gen::Gen9,
+        ty: case.ty,
+        slices: d,
+        ram_bytes: ram,
+        opts: RestoreOptions { remap: true },
+    };
+    let dcfg = cfg.clone();
+    let applied = Arc::new(AtomicU64::new(0));
+    let (a, b): (Box<dyn Connection>, Box<dyn Connection>) = if case.sync_precopy {
+        (
+            Box::new(CatchUp::new(a, Arc::clone(&applied), cfg.timeout)),
+            Box::new(Applied::new(b, applied)),
+        )
+    } else {
+        (a, b)
+    };
+    let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg).map(|_| ()));
+    let mut handle = source_handle(vm, &cfg)?;
+    let report = match case.link_gbps {
+        Some(g) => migrate_source(&mut handle, Throttled::new(a, g)?, &cfg, &mut |_| {}),
+        None => migrate_source(&mut handle, a, &cfg, &mut |_| {}),
+    };
+    let dest = dest.join().map_err(|_| BenchError::DestinationPanicked)?;
+    let report = report?;
+    dest?;
+
+    let (bound_link_ms, bound_hash_ms) = lower_bound_ms(
+        report.bytes_stop_copy,
+        case.link_gbps,
+        report.pages_rehashed.max(report.pages_stop_copy),
+        read_gbps,
+    );
+    Ok(BenchSample {
+        report,
+        read_gbps,
+        bound_link_ms,
+        bound_hash_ms,
+        bound_ms: bound_link_ms + bound_hash_ms,
+        setup_ms,
+    })
+}
+
+/// Percentiles of a set of times.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Summary {
+    /// Median (nearest rank).
+    pub p50: f64,
+    /// 95th percentile (nearest rank).
+    pub p95: f64,
+    /// Largest.
+    pub max: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Arithmetic mean.
+    pub mean: f64,
+}
+
+impl Summary {
+    /// Summarise `values` (NaNs are ignored); `None` when nothing is left.
+    pub fn of(values: &[f64]) -> Option<Summary> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let rank = |p: f64| {
+            // Nearest rank: the smallest value with at least p of the samples at or below it.
+            let r = (p * v.len() as f64).ceil() as usize;
+            v[r.clamp(1, v.len()) - 1]
+        };
+        Some(Summary {
+            p50: rank(0.50),
+            p95: rank(0.95),
+            max: v[v.len() - 1],
+            min: v[0],
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_uses_nearest_rank() {
+        let s = Summary::of(&[5.0, 1.0, 3.0, 2.0, 4.0]).unwrap();
+        assert_eq!(s.p50, 3.0);
+        assert_eq!(s.p95, 5.0);
+        assert_eq!(s.max, 5.0);
+        assert_eq!(s.min, 1.0);
+        assert_eq!(s.mean, 3.0);
+        let one = Summary::of(&[7.5]).unwrap();
+        assert_eq!((one.p50, one.p95, one.max), (7.5, 7.5, 7.5));
+        assert!(Summary::of(&[]).is_none());
+        assert!(Summary::of(&[f64::NAN]).is_none());
+        let twenty: Vec<f64> = (1..=20).map(f64::from).collect();
+        let s = Summary::of(&twenty).unwrap();
+        assert_eq!((s.p50, s.p95), (10.0, 19.0));
+    }
+
+    #[test]
+    fn bound_terms() {
+        // 125 MB at 1 Gbit/s is one second; 1000 pages at 4.096 GB/s is one millisecond.
+        let (l, h) = lower_bound_ms(125_000_000, Some(1.0), 1000, 4.096);
+        assert!((l - 1000.0).abs() < 1e-6, "{l}");
+        assert!((h - 1.0).abs() < 1e-9, "{h}");
+        assert_eq!(lower_bound_ms(1 << 30, None, 0, 10.0), (0.0, 0.0));
+    }
+
+    #[test]
+    fn small_case_runs_and_is_consistent() {
+        let mut case = BenchCase::new(
+            Profile::Desktop,
+            VgpuType::V5_8,
+            Policy::OneShotNarrow,
+            Some(25.0),
+        );
+        case.workload = WorkloadConfig::small();
+        case.ram_bytes = Some(32 << 20);
+        case.hash_threads = 2;
+        case.warmup_steps = 2;
+        let s = run_case(&case).unwrap();
+        let r = &s.report;
+        assert!(r.downtime_ms > 0.0 && r.downtime_ms <= r.total_ms);
+        assert_eq!(r.pages_total, r.pages_precopy + r.pages_stop_copy);
+        assert!(r.pages_stop_copy < r.pages_precopy);
+        assert!(s.read_gbps > 0.0);
+        assert!(s.bound_link_ms > 0.0 && s.bound_ms >= s.bound_link_ms);
+        assert!(r.bytes_stop_copy > 0);
+    }
+
+    #[test]
+    fn catch_up_waits_for_the_destination() {
+        let applied = Arc::new(AtomicU64::new(0));
+        let mut src = CatchUp::new(Vec::new(), Arc::clone(&applied), Duration::from_millis(50));
+        src.write_all(&[7u8; 5000]).unwrap();
+        // Nothing applied yet: the flush times out.
+        assert_eq!(src.flush().unwrap_err().kind(), io::ErrorKind::TimedOut);
+        let data = [7u8; 5000];
+        let mut dst = Applied::new(&data[..], Arc::clone(&applied));
+        let mut buf = [0u8; 4];
+        assert_eq!(dst.read(&mut buf).unwrap(), 4);
+        assert_eq!(
+            applied.load(Ordering::Acquire),
+            0,
+            "counted only on the next read"
+        );
+        let mut rest = Vec::new();
+        dst.read_to_end(&mut rest).unwrap();
+        assert_eq!(applied.load(Ordering::Acquire), 5000);
+        src.flush().unwrap();
+    }
+
+    #[test]
+    fn bad_link_is_refused() {
+        let case = BenchCase::new(Profile::Idle, VgpuType::V5_8, Policy::OneShot, Some(0.0));
+        assert!(matches!(run_case(&case), Err(BenchError::Config(_))));
+    }
+}
