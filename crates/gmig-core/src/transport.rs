@@ -238,6 +238,34 @@ impl Pipe {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Waits for the other end to change the pipe, until `deadline` if there is one; past it,
+    /// a `TimedOut` error saying which `op` timed out.
+    fn wait<'a>(
+        &'a self,
+        s: MutexGuard<'a, PipeState>,
+        deadline: Option<Instant>,
+        op: &str,
+    ) -> io::Result<MutexGuard<'a, PipeState>> {
+        use std::sync::PoisonError;
+        match deadline {
+            None => Ok(self.cond.wait(s).unwrap_or_else(PoisonError::into_inner)),
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("{op} timed out"),
+                    ));
+                }
+                Ok(self
+                    .cond
+                    .wait_timeout(s, d - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0)
+            }
+        }
+    }
 }
 
 /// One end of an in-memory connection made by [`mem_pair`].
@@ -320,24 +348,7 @@ impl Read for MemConnection {
             if s.writer_closed {
                 return Ok(0);
             }
-            s = match deadline {
-                None => self
-                    .rx
-                    .cond
-                    .wait(s)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "read timed out"));
-                    }
-                    self.rx
-                        .cond
-                        .wait_timeout(s, d - now)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .0
-                }
-            };
+            s = self.rx.wait(s, deadline, "read")?;
         }
     }
 }
@@ -368,24 +379,7 @@ impl Write for MemConnection {
                 self.tx.cond.notify_all();
                 return Ok(n);
             }
-            s = match deadline {
-                None => self
-                    .tx
-                    .cond
-                    .wait(s)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "write timed out"));
-                    }
-                    self.tx
-                        .cond
-                        .wait_timeout(s, d - now)
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .0
-                }
-            };
+            s = self.tx.wait(s, deadline, "write")?;
         }
     }
 
