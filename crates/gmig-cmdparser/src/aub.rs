@@ -584,14 +584,49 @@ impl MemoryImage {
     /// # Errors
     /// A [`MemFault`] for the first page that does not translate.
     pub fn read_ggtt(&self, addr: GgttOffset, out: &mut [u8]) -> std::result::Result<(), MemFault> {
-        check_range(addr.0, out.len() as u64)?;
+        self.read_translated(addr.0, out, |a| self.translate_ggtt(GgttOffset(a)))
+    }
+
+    /// Reads `out.len()` bytes at `addr` of an address space `translate` maps page by page onto
+    /// physical memory.
+    fn read_translated(
+        &self,
+        addr: u64,
+        out: &mut [u8],
+        translate: impl Fn(u64) -> std::result::Result<u64, MemFault>,
+    ) -> std::result::Result<(), MemFault> {
+        check_range(addr, out.len() as u64)?;
         let mut done = 0usize;
         while done < out.len() {
-            let a = addr.0 + done as u64;
+            let a = addr + done as u64;
             let n = (PAGE - (a % PAGE_SIZE) as usize).min(out.len() - done);
-            let pa = self.translate_ggtt(GgttOffset(a))?;
+            let pa = translate(a)?;
             self.read_phys(pa, &mut out[done..done + n])?;
             done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `addr` of an address space `translate` maps onto physical memory; every
+    /// page is translated before anything is written, so a fault changes nothing.
+    fn write_translated(
+        &mut self,
+        addr: u64,
+        data: &[u8],
+        max_pages: u64,
+        translate: impl Fn(&Self, u64) -> std::result::Result<u64, MemFault>,
+    ) -> std::result::Result<(), MemFault> {
+        check_range(addr, data.len() as u64)?;
+        let mut chunks = Vec::new();
+        let mut done = 0usize;
+        while done < data.len() {
+            let a = addr + done as u64;
+            let n = (PAGE - (a % PAGE_SIZE) as usize).min(data.len() - done);
+            chunks.push((translate(self, a)?, done, n));
+            done += n;
+        }
+        for (pa, from, n) in chunks {
+            self.write_phys(pa, &data[from..from + n], max_pages)?;
         }
         Ok(())
     }
@@ -606,19 +641,9 @@ impl MemoryImage {
         data: &[u8],
         max_pages: u64,
     ) -> std::result::Result<(), MemFault> {
-        check_range(addr.0, data.len() as u64)?;
-        let mut chunks = Vec::new();
-        let mut done = 0usize;
-        while done < data.len() {
-            let a = addr.0 + done as u64;
-            let n = (PAGE - (a % PAGE_SIZE) as usize).min(data.len() - done);
-            chunks.push((self.translate_ggtt(GgttOffset(a))?, done, n));
-            done += n;
-        }
-        for (pa, from, n) in chunks {
-            self.write_phys(pa, &data[from..from + n], max_pages)?;
-        }
-        Ok(())
+        self.write_translated(addr.0, data, max_pages, |m, a| {
+            m.translate_ggtt(GgttOffset(a))
+        })
     }
 
     /// The physical address a PPGTT address maps to under the 4-level tables rooted at `pml4`.
@@ -652,16 +677,7 @@ impl MemoryImage {
         addr: u64,
         out: &mut [u8],
     ) -> std::result::Result<(), MemFault> {
-        check_range(addr, out.len() as u64)?;
-        let mut done = 0usize;
-        while done < out.len() {
-            let a = addr + done as u64;
-            let n = (PAGE - (a % PAGE_SIZE) as usize).min(out.len() - done);
-            let pa = self.translate_ppgtt(pml4, a)?;
-            self.read_phys(pa, &mut out[done..done + n])?;
-            done += n;
-        }
-        Ok(())
+        self.read_translated(addr, out, |a| self.translate_ppgtt(pml4, a))
     }
 
     /// Write through the PPGTT rooted at `pml4`; every page must already be mapped.
@@ -675,19 +691,7 @@ impl MemoryImage {
         data: &[u8],
         max_pages: u64,
     ) -> std::result::Result<(), MemFault> {
-        check_range(addr, data.len() as u64)?;
-        let mut chunks = Vec::new();
-        let mut done = 0usize;
-        while done < data.len() {
-            let a = addr + done as u64;
-            let n = (PAGE - (a % PAGE_SIZE) as usize).min(data.len() - done);
-            chunks.push((self.translate_ppgtt(pml4, a)?, done, n));
-            done += n;
-        }
-        for (pa, from, n) in chunks {
-            self.write_phys(pa, &data[from..from + n], max_pages)?;
-        }
-        Ok(())
+        self.write_translated(addr, data, max_pages, |m, a| m.translate_ppgtt(pml4, a))
     }
 
     /// Read little-endian dwords through the GGTT.
