@@ -196,6 +196,22 @@ struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
     page: Vec<u32>,
 }
 
+impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
+    fn new(gen: Gen, engine: Engine, mem: &'m M, budget: Budget, visit: &'v mut Visit<'f>) -> Self {
+        Walker {
+            gen,
+            engine,
+            mem,
+            budget,
+            sum: WalkSummary::default(),
+            visit,
+            buf: Vec::new(),
+            page_at: None,
+            page: Vec::new(),
+        }
+    }
+}
+
 /// Largest command: a 16-bit length field plus bias.
 const MAX_CMD_DWORDS: usize = (1 << 16) + 2;
 
@@ -472,17 +488,7 @@ pub fn walk<M: GpuMemory + ?Sized>(
     budget: Budget,
     visit: &mut Visit<'_>,
 ) -> Result<WalkSummary> {
-    let mut w = Walker {
-        gen,
-        engine,
-        mem,
-        budget,
-        sum: WalkSummary::default(),
-        visit,
-        buf: Vec::new(),
-        page_at: None,
-        page: Vec::new(),
-    };
+    let mut w = Walker::new(gen, engine, mem, budget, visit);
     w.ring(ring)?;
     Ok(w.sum)
 }
@@ -500,17 +506,7 @@ pub fn walk_batch<M: GpuMemory + ?Sized>(
     budget: Budget,
     visit: &mut Visit<'_>,
 ) -> Result<WalkSummary> {
-    let mut w = Walker {
-        gen,
-        engine,
-        mem,
-        budget,
-        sum: WalkSummary::default(),
-        visit,
-        buf: Vec::new(),
-        page_at: None,
-        page: Vec::new(),
-    };
+    let mut w = Walker::new(gen, engine, mem, budget, visit);
     let ctx = if ctx.level == BatchLevel::Ring {
         BatchContext::first_level(space)
     } else {
