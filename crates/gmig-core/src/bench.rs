@@ -41,6 +41,7 @@ use crate::migration::{
     migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
     MigrationError, MigrationReport, Policy, VmError,
 };
+use crate::transport::forward_connection;
 use crate::transport::{Connection, Endpoint, Throttled, TransportError};
 use crate::workload::{Profile, WorkloadConfig};
 
@@ -302,17 +303,7 @@ impl<C: Write> Write for CatchUp<C> {
     }
 }
 
-impl<C: Connection> Connection for CatchUp<C> {
-    fn shutdown(&self) -> io::Result<()> {
-        self.inner.shutdown()
-    }
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_read_timeout(timeout)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_write_timeout(timeout)
-    }
-}
+forward_connection!(CatchUp);
 
 /// Destination side of the switch-over barrier: bytes returned by one `read` count as applied
 /// when the destination asks for more (the engine applies each chunk before reading the next).
@@ -353,17 +344,7 @@ impl<C: Write> Write for Applied<C> {
     }
 }
 
-impl<C: Connection> Connection for Applied<C> {
-    fn shutdown(&self) -> io::Result<()> {
-        self.inner.shutdown()
-    }
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_read_timeout(timeout)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_write_timeout(timeout)
-    }
-}
+forward_connection!(Applied);
 
 /// The engine configuration a case runs with.
 pub fn migration_config(case: &BenchCase) -> MigrationConfig {

@@ -64,6 +64,31 @@ pub trait Connection: Read + Write + Send {
     fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
 }
 
+/// Implements [`Connection`] for a wrapper `W<C>` by forwarding to its `inner: C` field; the
+/// wrapper's own behaviour lives in its `Read`/`Write` impls.
+macro_rules! forward_connection {
+    ($wrapper:ident) => {
+        impl<C: $crate::transport::Connection> $crate::transport::Connection for $wrapper<C> {
+            fn shutdown(&self) -> ::std::io::Result<()> {
+                self.inner.shutdown()
+            }
+            fn set_read_timeout(
+                &self,
+                timeout: ::std::option::Option<::std::time::Duration>,
+            ) -> ::std::io::Result<()> {
+                self.inner.set_read_timeout(timeout)
+            }
+            fn set_write_timeout(
+                &self,
+                timeout: ::std::option::Option<::std::time::Duration>,
+            ) -> ::std::io::Result<()> {
+                self.inner.set_write_timeout(timeout)
+            }
+        }
+    };
+}
+pub(crate) use forward_connection;
+
 impl Connection for TcpStream {
     fn shutdown(&self) -> io::Result<()> {
         TcpStream::shutdown(self, std::net::Shutdown::Both)
@@ -523,17 +548,7 @@ impl<C: Write> Write for Throttled<C> {
     }
 }
 
-impl<C: Connection> Connection for Throttled<C> {
-    fn shutdown(&self) -> io::Result<()> {
-        self.inner.shutdown()
-    }
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_read_timeout(timeout)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_write_timeout(timeout)
-    }
-}
+forward_connection!(Throttled);
 
 // ---------------------------------------------------------------------------------------------
 // Accounting and fault injection
@@ -623,14 +638,4 @@ impl<C: Connection> Write for Counted<C> {
     }
 }
 
-impl<C: Connection> Connection for Counted<C> {
-    fn shutdown(&self) -> io::Result<()> {
-        self.inner.shutdown()
-    }
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_read_timeout(timeout)
-    }
-    fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        self.inner.set_write_timeout(timeout)
-    }
-}
+forward_connection!(Counted);
