@@ -308,17 +308,49 @@ impl Hasher {
     /// (or for benchmarks): a page sent by a separate copy after this call could change in between
     /// and the change would be lost. Pages being sent go through [`Hasher::copy_for_send`].
     pub fn record_in_place(&self, mem: &GuestPages<'_>, snap: &mut HashSnapshot) -> Result<()> {
+        self.rehash_in_place(mem, snap, None)
+    }
+
+    /// Re-hash every tracked page in place, record the new hashes, and return the pages whose
+    /// hash changed (or that were never recorded) since the last recording: a rolling diff.
+    ///
+    /// This is for *reporting* writes, not for sending pages: a caller that hands the result on
+    /// (a DMA dirty-log report) before anyone reads the pages loses nothing — a write that lands
+    /// after a page was hashed makes it differ at the next call, and one that lands before is in
+    /// the bytes read after the report. Sampling, if the snapshot has it, is refreshed too.
+    pub fn diff_update(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &mut HashSnapshot,
+    ) -> Result<DirtyBitmap> {
+        let tracked = snap.tracked();
+        let mut out = DirtyBitmap::new(tracked.base(), tracked.span_pages())?;
+        self.rehash_in_place(mem, snap, Some(&mut out))?;
+        Ok(out)
+    }
+
+    /// Hash every tracked page in place into the snapshot; with `dirty`, also set there the pages
+    /// whose new hash differs from the recorded one (or that were not recorded).
+    fn rehash_in_place(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &mut HashSnapshot,
+        mut dirty: Option<&mut DirtyBitmap>,
+    ) -> Result<()> {
         let kernel = self.kernel;
+        let recorded = snap.recorded().clone();
         let (tracked, ranks, hashes, samples) = snap.parts_mut();
         let plan = self.plan(tracked.words());
-        // Carve the dense outputs into one disjoint slice per task.
+        let base = tracked.base().0;
+        let mut out_words = dirty.as_mut().map(|d| d.words_mut());
+        // Carve the dense outputs (and the dirty words) into one disjoint slice per task.
         let mut tasks = Vec::with_capacity(plan.len());
         let (mut rest_h, mut rest_s) = (hashes, samples);
-        let mut consumed = 0usize;
+        let mut rest_d: Option<&mut [u64]> = out_words.as_deref_mut();
+        let (mut consumed, mut consumed_w) = (0usize, 0usize);
         for &(w0, w1) in &plan {
             let (lo, hi) = (ranks[w0] as usize, ranks[w1] as usize);
-            let (skip_h, tail) = std::mem::take(&mut rest_h).split_at_mut(lo - consumed);
-            let _ = skip_h;
+            let (_, tail) = std::mem::take(&mut rest_h).split_at_mut(lo - consumed);
             let (mine_h, tail) = tail.split_at_mut(hi - lo);
             rest_h = tail;
             let mine_s = match rest_s.take() {
@@ -330,13 +362,23 @@ impl Hasher {
                 }
                 None => None,
             };
+            let mine_d = match rest_d.take() {
+                Some(d) => {
+                    let (_, t) = d.split_at_mut(w0 - consumed_w);
+                    let (m, t) = t.split_at_mut(w1 - w0);
+                    rest_d = Some(t);
+                    Some(m)
+                }
+                None => None,
+            };
             consumed = hi;
-            tasks.push((w0, w1, lo, mine_h, mine_s));
+            consumed_w = w1;
+            tasks.push((w0, w1, lo, mine_h, mine_s, mine_d));
         }
+        let recorded = &recorded;
         self.pool.install(|| {
-            tasks
-                .into_par_iter()
-                .try_for_each(|(w0, w1, lo, out_h, mut out_s)| -> Result<()> {
+            tasks.into_par_iter().try_for_each(
+                |(w0, w1, lo, out_h, mut out_s, mut out_d)| -> Result<()> {
                     for_each_page(
                         Walk {
                             tracked,
@@ -347,9 +389,17 @@ impl Hasher {
                         |w| tracked.words()[w],
                         w0,
                         w1,
-                        |_, idx, p, next| {
+                        |gfn, idx, p, next| {
                             // SAFETY: `p` is a mapped guest page; the kernel is supported.
                             let d = unsafe { kernel.hash_raw(p, next) };
+                            if let Some(words) = out_d.as_deref_mut() {
+                                let bit = gfn.0 - base;
+                                let (w, b) = ((bit / 64) as usize, bit % 64);
+                                let was = recorded.words()[w] >> b & 1 == 1;
+                                if !was || out_h[idx - lo] != d.hash.0 {
+                                    words[w - w0] |= 1 << b;
+                                }
+                            }
                             out_h[idx - lo] = d.hash.0;
                             if let Some(s) = out_s.as_deref_mut() {
                                 // SAFETY: as above.
@@ -358,8 +408,10 @@ impl Hasher {
                             Ok(())
                         },
                     )
-                })
+                },
+            )
         })?;
+        drop(out_words);
         snap.mark_all_recorded();
         Ok(())
     }
@@ -467,6 +519,48 @@ impl Hasher {
             })?;
         }
         Ok(out)
+    }
+
+    /// How many times at most [`Hasher::diff_with`] calls its sink when it finds `dirty` pages:
+    /// each work chunk hands its pages over in batches of up to [`SINK_BATCH`], so a caller that
+    /// turns every call into one record (a page batch on the wire) can bound its framing bytes.
+    pub fn diff_sink_calls_bound(&self, dirty: u64) -> u64 {
+        let chunks = (self.threads * TASKS_PER_THREAD) as u64;
+        dirty.min(dirty.div_ceil(SINK_BATCH as u64).saturating_add(chunks))
+    }
+
+    /// Count the pages set in `frames` whose bytes are all zero, in parallel with the same work
+    /// split and kernel as hashing (a zero page is one whose digest is
+    /// [`PageKind::Zero`](crate::PageKind::Zero), confirmed on its bytes). Used to size what a
+    /// transfer that sends zero pages as markers will produce.
+    pub fn count_zero(&self, mem: &GuestPages<'_>, frames: &DirtyBitmap) -> Result<u64> {
+        let kernel = self.kernel;
+        let plan = self.plan(frames.words());
+        let ranks = vec![0u32; frames.words().len() + 1];
+        self.pool.install(|| {
+            plan.into_par_iter()
+                .map(|(w0, w1)| -> Result<u64> {
+                    let mut zero = 0u64;
+                    for_each_page(
+                        Walk {
+                            tracked: frames,
+                            ranks: &ranks,
+                            mem,
+                            prefetch: self.prefetch_pages,
+                        },
+                        |w| frames.words()[w],
+                        w0,
+                        w1,
+                        |_, _, p, next| {
+                            // SAFETY: `p` is a mapped guest page; the kernel is supported.
+                            zero += u64::from(unsafe { kernel.hash_raw(p, next) }.is_zero());
+                            Ok(())
+                        },
+                    )?;
+                    Ok(zero)
+                })
+                .try_reduce(|| 0, |a, b| Ok(a + b))
+        })
     }
 
     /// Read every page set in `frames` once with the widest loads available, using the same work

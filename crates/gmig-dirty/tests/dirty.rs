@@ -345,3 +345,104 @@ fn record_in_place_matches_copy_for_send() {
         0
     );
 }
+
+#[test]
+fn count_zero_counts_exactly_the_all_zero_pages_it_is_given() {
+    let mem = guest(40, 30);
+    fill(&mem, 13);
+    // One set byte at the very end of a page that is otherwise zero: not a zero page.
+    let last = GuestAddress(0x103 * PAGE_SIZE as u64 + PAGE_SIZE as u64 - 1);
+    mem.write_obj(1u8, last).unwrap();
+    let pages = GuestPages::new(&mem).unwrap();
+    let all = pages.frames().unwrap();
+    // `fill` leaves every 7th frame zero; 0x103 is one of them but now has a byte set.
+    let want = all.iter().filter(|g| g.0 % 7 == 0 && g.0 != 0x103).count() as u64;
+    for k in kernels() {
+        for threads in [1, 3] {
+            let h = Hasher::with_kernel(threads, k).unwrap();
+            assert_eq!(h.count_zero(&pages, &all).unwrap(), want, "{k:?} {threads}");
+            // A subset: only the frames it names are looked at.
+            let mut some = DirtyBitmap::new(all.base(), all.span_pages()).unwrap();
+            // 0x10a and 0x405 are zero; 0x100 holds data; 0x103 has its last byte set.
+            for g in [0x100, 0x103, 0x10a, 0x405] {
+                some.set(Gfn(g)).unwrap();
+            }
+            assert_eq!(h.count_zero(&pages, &some).unwrap(), 2, "{k:?} {threads}");
+        }
+    }
+    // A frame outside guest memory is an error, not a guess.
+    let h = Hasher::new(1).unwrap();
+    let mut hole = DirtyBitmap::new(all.base(), all.span_pages()).unwrap();
+    hole.set(Gfn(0x200)).unwrap();
+    assert!(h.count_zero(&pages, &hole).is_err());
+}
+
+#[test]
+fn diff_with_never_calls_its_sink_more_often_than_its_bound() {
+    let mem = guest(600, 300);
+    fill(&mem, 3);
+    let pages = GuestPages::new(&mem).unwrap();
+    for threads in [1, 2, 4] {
+        let h = Hasher::new(threads).unwrap();
+        let mut snap = HashSnapshot::new(pages.frames().unwrap()).unwrap();
+        send_all(&h, &pages, &mut snap);
+        // Dirty a scattered set: every third page of the first region, every page of the second.
+        let mut dirtied = 0u64;
+        for g in pages.frames().unwrap().iter() {
+            if g.0 >= 0x400 || g.0 % 3 == 0 {
+                let a = GuestAddress(g.addr().unwrap().0 + 9);
+                let v: u8 = mem.read_obj(a).unwrap();
+                mem.write_obj(v ^ 0xff, a).unwrap();
+                dirtied += 1;
+            }
+        }
+        let calls = Mutex::new(0u64);
+        let found = h
+            .diff_with(&pages, &snap, None, &|b: &[Gfn]| {
+                assert!(!b.is_empty());
+                *calls.lock().unwrap() += 1;
+            })
+            .unwrap();
+        assert_eq!(found.count(), dirtied);
+        let calls = calls.into_inner().unwrap();
+        assert!(
+            calls <= h.diff_sink_calls_bound(dirtied),
+            "{threads} threads: {calls} sink calls > bound {}",
+            h.diff_sink_calls_bound(dirtied)
+        );
+        assert!(h.diff_sink_calls_bound(3) <= 3);
+    }
+}
+
+#[test]
+fn diff_update_reports_each_change_once_and_then_settles() {
+    let mem = guest(300, 90);
+    fill(&mem, 17);
+    let pages = GuestPages::new(&mem).unwrap();
+    for threads in [1, 3] {
+        let h = Hasher::new(threads).unwrap();
+        let mut snap = HashSnapshot::new(pages.frames().unwrap())
+            .unwrap()
+            .with_sampling();
+        // Nothing recorded yet: everything is new.
+        assert_eq!(h.diff_update(&pages, &mut snap).unwrap().count(), 390);
+        assert_eq!(h.diff_update(&pages, &mut snap).unwrap().count(), 0);
+        let mut want = BTreeSet::new();
+        for g in [0x100u64, 0x13f, 0x140, 0x22b, 0x400, 0x459] {
+            let a = GuestAddress(g * PAGE_SIZE as u64 + 4000);
+            let v: u8 = mem.read_obj(a).unwrap();
+            mem.write_obj(v ^ 0x11, a).unwrap();
+            want.insert(g);
+        }
+        let got: BTreeSet<u64> = h
+            .diff_update(&pages, &mut snap)
+            .unwrap()
+            .iter()
+            .map(|g| g.0)
+            .collect();
+        assert_eq!(got, want, "{threads} threads");
+        // Reported once: the snapshot now holds the new contents.
+        assert_eq!(h.diff_update(&pages, &mut snap).unwrap().count(), 0);
+        assert_eq!(h.diff(&pages, &snap, None).unwrap().count(), 0);
+    }
+}
