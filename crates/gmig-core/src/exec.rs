@@ -148,6 +148,7 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
     // Sorted, deduplicated bulk builds: far cheaper than inserting page by page.
     written.sort_unstable();
     written.dedup();
+    vgpu.stats.max_workload_pages = vgpu.stats.max_workload_pages.max(written.len() as u64);
     candidate.sort_unstable();
     candidate.dedup();
     log.actual = written.into_iter().collect();

@@ -174,6 +174,9 @@ pub struct ExecStats {
     pub refused: u64,
     /// GPU clock (commands executed since creation), used for timestamps.
     pub clock: u64,
+    /// The most guest pages one workload's commands wrote (the reference engine's own record):
+    /// the MIG_DATA_SIZE estimate's figure for a queued workload whose write set is unknown.
+    pub max_workload_pages: u64,
 }
 
 /// What executed commands may have written: the migration engine's candidate dirty set.

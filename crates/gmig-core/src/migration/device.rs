@@ -82,6 +82,46 @@ pub struct SourceStats {
     pub hash_ns: u64,
 }
 
+/// Bytes of a section header.
+const SECTION: u64 = crate::stream::SECTION_HEADER_LEN as u64;
+/// Bytes of framing per page batch (section header and batch header).
+const FRAMING: u64 = SECTION + crate::stream::PAGE_BATCH_HEADER_LEN as u64;
+/// Room left in the MIG_DATA_SIZE estimate for device state a drained workload may add.
+const DRAIN_STATE_SLACK: u64 = 512;
+
+/// The page records a STOP_COPY would produce, as MIG_DATA_SIZE counts them.
+#[derive(Debug, Default, Clone, Copy)]
+struct PagePlan {
+    /// Pages sent from the queue, in batches of `batch_pages`.
+    queued: u64,
+    /// Pages the downtime re-hash would find changed, handed over by the hash pipeline.
+    found: u64,
+    /// Of `queued + found`, those that are zero now (sent as markers).
+    zero: u64,
+    /// Pages a drain may write that are not listed yet (full pages, found by the re-hash).
+    drain_new: u64,
+    /// Listed zero pages a drain may write (each would travel as a full page instead).
+    drain_unzeroed: u64,
+    /// Most page batches the pipeline's hand-overs may become.
+    sink_calls: u64,
+    /// Pages per batch.
+    batch_pages: u64,
+}
+
+impl PagePlan {
+    fn bytes(&self) -> u64 {
+        let record = crate::stream::PAGE_RECORD_LEN as u64;
+        let page = PAGE_SIZE as u64;
+        let b = self.batch_pages.max(1);
+        let listed = self.queued + self.found + self.drain_new;
+        let full = listed.saturating_sub(self.zero) + self.drain_unzeroed.min(self.zero);
+        // Each hand-over of up to SINK_BATCH pages is sent as its own batch(es).
+        let per_call = (gmig_dirty::hasher::SINK_BATCH as u64).div_ceil(b);
+        let batches = self.queued.div_ceil(b) + self.sink_calls * per_call;
+        listed * record + full * page + batches * FRAMING
+    }
+}
+
 enum Phase {
     Idle,
     PreCopy,
@@ -139,14 +179,31 @@ impl<V: MigratableVm> SourceDevice<V> {
         batch_pages: usize,
         hash_threads: usize,
     ) -> Result<Self, DeviceError> {
-        let batch_pages = batch_pages.clamp(1, crate::stream::MAX_PAGES_PER_BATCH as usize);
         let hasher = Hasher::new(hash_threads).map_err(|e| failed("hash pool", e))?;
-        Ok(Self {
+        Ok(Self::with_hasher(
             vm,
             policy,
             max_drain,
             batch_pages,
-            hasher: Arc::new(hasher),
+            Arc::new(hasher),
+        ))
+    }
+
+    /// [`SourceDevice::new`] sharing an existing hash pool.
+    pub fn with_hasher(
+        vm: V,
+        policy: Policy,
+        max_drain: usize,
+        batch_pages: usize,
+        hasher: Arc<Hasher>,
+    ) -> Self {
+        let batch_pages = batch_pages.clamp(1, crate::stream::MAX_PAGES_PER_BATCH as usize);
+        Self {
+            vm,
+            policy,
+            max_drain,
+            batch_pages,
+            hasher,
             phase: Phase::Idle,
             quiesced: false,
             writer: None,
@@ -163,7 +220,13 @@ impl<V: MigratableVm> SourceDevice<V> {
             finished: false,
             stop_copy_planned: 0,
             stats: SourceStats::default(),
-        })
+        }
+    }
+
+    /// Mark the VM as stopped (a VM restored from a stream is): the next STOP → RUNNING resumes it.
+    pub(crate) fn stopped(mut self) -> Self {
+        self.quiesced = true;
+        self
     }
 
     /// The VM.
@@ -409,6 +472,131 @@ impl<V: MigratableVm> SourceDevice<V> {
         }
     }
 
+    /// Workloads a stop may still let finish (none once the VM is quiesced).
+    fn drainable(&self) -> usize {
+        if self.quiesced {
+            0
+        } else {
+            self.max_drain
+        }
+    }
+
+    /// The page records STOP_COPY would still produce if the device stopped now, for
+    /// MIG_DATA_SIZE. Before the stop this is measured, not guessed: the pages that differ from
+    /// what pre-copy sent are found by re-hashing the candidate set (every sent page where the
+    /// write set is unknown), and zero pages are counted as the markers they travel as. What a
+    /// stop's drain may still write is added on top.
+    fn stop_copy_pages(&mut self) -> Result<PagePlan, DeviceError> {
+        let mut plan = PagePlan {
+            batch_pages: self.batch_pages as u64,
+            ..PagePlan::default()
+        };
+        let listed = match self.phase {
+            Phase::Idle => {
+                // Stop-and-copy: every migratable page goes, each zero or not as it is now.
+                let guest = self.vm.stream_header().guest_pages;
+                let frames = bitmap_of(guest, self.vm.migratable_pages())?;
+                plan.queued = frames.count();
+                frames
+            }
+            Phase::PreCopy => {
+                let snap = self
+                    .snap
+                    .as_ref()
+                    .ok_or(DeviceError::Failed("no snapshot".into()))?;
+                let tracked = snap.tracked();
+                // Frames that became migratable after pre-copy began go as they are.
+                let mut frames = bitmap_of(
+                    self.guest_pages,
+                    self.vm
+                        .migratable_pages()
+                        .into_iter()
+                        .filter(|g| !tracked.in_span(dg(*g)) || !tracked.is_set(dg(*g))),
+                )?;
+                plan.queued = frames.count();
+                // What changed since it was sent (never-sent tracked pages count as changed).
+                let candidates = match self.vm.write_candidates() {
+                    Candidates::Pages(p) => Some(bitmap_of(self.guest_pages, p)?),
+                    Candidates::Unknown => None,
+                };
+                let pages = GuestPages::new(self.vm.memory()).map_err(|e| failed("memory", e))?;
+                let changed = self
+                    .hasher
+                    .diff(&pages, snap, candidates.as_ref())
+                    .map_err(|e| failed("re-hash", e))?;
+                plan.found = changed.count();
+                frames.merge(&changed).map_err(|e| failed("bitmap", e))?;
+                frames
+            }
+            // While the re-hash runs, any planned page may still go; after it, only the queue.
+            Phase::StopCopy => {
+                plan.queued = if self.pipeline.is_some() {
+                    self.stop_copy_planned
+                        .saturating_sub(self.stats.pages_stop_copy)
+                } else {
+                    self.queue.len() as u64
+                };
+                return Ok(plan);
+            }
+        };
+        let pages = GuestPages::new(self.vm.memory()).map_err(|e| failed("memory", e))?;
+        let zero_in = |frames: &DirtyBitmap| {
+            self.hasher
+                .count_zero(&pages, frames)
+                .map_err(|e| failed("zero scan", e))
+        };
+        plan.zero = zero_in(&listed)?;
+        if self.drainable() > 0 {
+            match self.vm.drain_writes(self.drainable()) {
+                Some(w) => {
+                    let span = listed.span_pages();
+                    let mut touched = bitmap_of(span, w.pages)?;
+                    let mut new = touched.clone();
+                    new.subtract(&listed);
+                    touched.intersect(&listed);
+                    let unzeroed = zero_in(&touched)?;
+                    // Pages known by count only land on the costliest frames they can reach:
+                    // first ones not listed yet (only sent, unchanged pages can become listed),
+                    // then listed zero pages.
+                    let reach = w.within.map(|f| bitmap_of(span, f)).transpose()?;
+                    let within = |mut b: DirtyBitmap| {
+                        if let Some(r) = &reach {
+                            b.intersect(r);
+                        }
+                        b
+                    };
+                    let room_new = self.snap.as_ref().map_or(0, |snap| {
+                        let mut rest = snap.recorded().clone();
+                        rest.subtract(&listed);
+                        rest.subtract(&new);
+                        within(rest).count()
+                    });
+                    let by_count_new = w.more.min(room_new);
+                    let mut rest = listed.clone();
+                    rest.subtract(&touched);
+                    let room_zero = zero_in(&within(rest))?;
+                    plan.drain_new = new.count() + by_count_new;
+                    plan.drain_unzeroed = unzeroed + (w.more - by_count_new).min(room_zero);
+                }
+                // Nothing can be said: every sent page may be rewritten.
+                None => {
+                    plan.drain_unzeroed = plan.zero;
+                    if let Some(snap) = self.snap.as_ref() {
+                        let mut rest = snap.recorded().clone();
+                        rest.subtract(&listed);
+                        plan.drain_new = rest.count();
+                    }
+                }
+            }
+        }
+        if matches!(self.phase, Phase::PreCopy) {
+            plan.sink_calls = self
+                .hasher
+                .diff_sink_calls_bound(plan.found + plan.drain_new);
+        }
+        Ok(plan)
+    }
+
     fn pending(&mut self) -> Option<&mut Vec<u8>> {
         match self.writer.as_mut() {
             Some(w) => Some(w.get_mut()),
@@ -493,57 +681,40 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
     }
 
     fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
-        // An honest upper bound of what STOP_COPY would still produce, counting every page as a
-        // full record: pages still queued, plus every sent page that may have changed — the
-        // sound candidate set where it is known (it covers every write since pre-copy began),
-        // all sent pages where it is not — or, once stopped, what the downtime plan has left.
-        let pages = match self.phase {
-            Phase::Idle => self.vm.migratable_pages().len() as u64,
-            Phase::PreCopy => {
-                let sent = self.snap.as_ref().map_or(0, |s| s.recorded().count());
-                let may_change = match (self.vm.write_candidates(), self.vm.queued_write_bound()) {
-                    (Candidates::Pages(p), Some(queued)) => (p.len() as u64 + queued).min(sent),
-                    _ => sent,
-                };
-                self.queue.len() as u64 + may_change
-            }
-            // While the re-hash runs, any planned page may still go; after it, only the queue.
-            Phase::StopCopy if self.pipeline.is_some() => self
-                .stop_copy_planned
-                .saturating_sub(self.stats.pages_stop_copy),
-            Phase::StopCopy => self.queue.len() as u64,
-        };
-        let per_page = (PAGE_SIZE + crate::stream::PAGE_RECORD_LEN) as u64;
-        let header =
-            (crate::stream::SECTION_HEADER_LEN + crate::stream::PAGE_BATCH_HEADER_LEN) as u64;
+        let pages = self.stop_copy_pages()?;
         let stopped = matches!(self.phase, Phase::StopCopy);
         // Device state still to be written: captured at the stop (and gone once written), or what
-        // a capture now would give.
+        // a capture now would give plus room for what a drain may add to it (a fault record, a
+        // new counter; the drained workload itself leaves the queue, so the state usually shrinks).
         let state: u64 = match (&self.states, stopped) {
-            (Some(s), _) => s.iter().map(|(_, p)| p.len() as u64 + header).sum(),
+            (Some(s), _) => s.iter().map(|(_, p)| p.len() as u64 + SECTION).sum(),
             (None, true) => 0,
-            (None, false) => self
-                .vm
-                .save_state()
-                .map_err(|e| failed("save state", e))?
-                .iter()
-                .map(|(_, p)| p.len() as u64 + header)
-                .sum(),
+            (None, false) => {
+                let now: u64 = self
+                    .vm
+                    .save_state()
+                    .map_err(|e| failed("save state", e))?
+                    .iter()
+                    .map(|(_, p)| p.len() as u64 + SECTION)
+                    .sum();
+                now + self.drainable() as u64 * DRAIN_STATE_SLACK
+            }
         };
         let end = if self.writer.is_some() || !stopped {
-            (crate::stream::SECTION_HEADER_LEN + crate::stream::END_PAYLOAD_LEN) as u64
+            SECTION + crate::stream::END_PAYLOAD_LEN as u64
         } else {
             0
+        };
+        // With no saving session open, STOP_COPY starts a stream: its header comes first.
+        let header = match self.phase {
+            Phase::Idle => crate::stream::HEADER_LEN as u64,
+            _ => 0,
         };
         let pos = self.out_pos as u64;
         let pending = self
             .pending()
             .map_or(0, |p| (p.len() as u64).saturating_sub(pos));
-        Ok(pages * per_page
-            + pages.div_ceil(self.batch_pages as u64) * header
-            + state
-            + end
-            + pending)
+        Ok(header + pages.bytes() + state + end + pending)
     }
 
     fn start_precopy(&mut self) -> ArcResult {

@@ -26,6 +26,7 @@ pub mod device;
 pub mod scenario;
 pub mod toy;
 pub mod vgpu_vm;
+pub mod vm_device;
 
 use std::io::{self, Read, Write};
 
@@ -39,6 +40,7 @@ use gmig_vfio_migration::{
 use vm_memory::GuestMemoryMmap;
 
 pub use device::{DestDevice, RestoreTimes, SourceDevice, SourceStats};
+pub use vm_device::{SaveSettings, VmDevice};
 
 use crate::stream::{
     Compatibility, Control, Gfn, StateKind, StreamHeader, StreamLimits, HEADER_LEN,
@@ -101,6 +103,20 @@ pub enum Candidates {
     Unknown,
 }
 
+/// What a stop's drain may write ([`MigratableVm::drain_writes`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainWrites {
+    /// Guest frames the drained workloads' known write sets (and their completion records)
+    /// cover.
+    pub pages: Vec<Gfn>,
+    /// Further pages, by count only: an estimate for workloads whose write set is not known
+    /// page by page.
+    pub more: u64,
+    /// The frames those `more` pages must be among (what the device can reach at all, e.g. the
+    /// frames its GTTs map); `None`: any guest frame.
+    pub within: Option<Vec<Gfn>>,
+}
+
 /// A failure inside the VM model (the vGPU and its guest).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -126,10 +142,11 @@ pub trait MigratableVm: Send {
     /// Stop accepting submissions and let at most `max_drain` in-flight workloads finish; the
     /// rest stays queued (and is carried in the device state). Returns how many finished.
     fn quiesce(&mut self, max_drain: usize) -> std::result::Result<usize, VmError>;
-    /// How many pages the workloads still queued may write when they run (a drain runs some of
-    /// them after the stop), for the MIG_DATA_SIZE bound; `None` when that is not known, which
-    /// makes the bound count every sent page. The default is `None`.
-    fn queued_write_bound(&self) -> Option<u64> {
+    /// What the first `max_drain` queued workloads may write (a stop lets a drain run them),
+    /// for the MIG_DATA_SIZE estimate; `None` when that cannot be said, which makes the estimate
+    /// count every sent page as rewritten. The default is `None`.
+    fn drain_writes(&self, max_drain: usize) -> Option<DrainWrites> {
+        let _ = max_drain;
         None
     }
     /// Accept submissions again (after a failed migration, or on the destination).

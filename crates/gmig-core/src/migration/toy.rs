@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{Candidates, MigratableVm, RestoreTimes, VmError, VmFactory};
+use super::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
 use crate::stream::{
     Compatibility, Gfn, GpuGeneration, StateKind, StreamHeader, VgpuTypeId, PAGE_SIZE,
 };
@@ -300,10 +300,21 @@ impl MigratableVm for ToyVm {
         Ok(n)
     }
 
-    fn queued_write_bound(&self) -> Option<u64> {
-        self.queue
-            .iter()
-            .try_fold(0u64, |acc, c| (!c.opaque).then(|| acc + u64::from(c.pages)))
+    fn drain_writes(&self, max_drain: usize) -> Option<DrainWrites> {
+        // A command writes `pages` frames from its GGTT offset; an opaque one says nothing.
+        let mut pages = Vec::new();
+        for c in self.queue.iter().take(max_drain) {
+            if c.opaque {
+                return None;
+            }
+            let first = c.ggtt.checked_sub(self.host_aperture)? / PAGE_SIZE as u64;
+            pages.extend((0..u64::from(c.pages)).map(|i| Gfn(RING_PAGES + first + i)));
+        }
+        Some(DrainWrites {
+            pages,
+            more: 0,
+            within: None,
+        })
     }
 
     fn unquiesce(&mut self) -> Result<(), VmError> {

@@ -19,11 +19,11 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use gmig_cmdparser::{Gen, SliceMove, VgpuSlices, WriteSet};
+use gmig_cmdparser::{Gen, SliceMove, VgpuSlices};
 use serde::{de::DeserializeOwned, Serialize};
 use vm_memory::GuestMemoryMmap;
 
-use super::{Candidates, MigratableVm, RestoreTimes, VmError, VmFactory};
+use super::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
 use crate::checkpoint::{RestoreOptions, VgpuState};
 use crate::gm::{Gfn, VgpuType, MIB, PAGE_SIZE};
 use crate::gtt::{new_guest_ram, ram_size, Space};
@@ -230,31 +230,55 @@ impl MigratableVm for VgpuVm {
         Ok(self.vgpu.pause(max_drain).executed)
     }
 
-    fn queued_write_bound(&self) -> Option<u64> {
-        // Each queued workload's commands, decoded as the engine will run them: their write sets
-        // bound what they may touch (an unknown one bounds nothing). Completing a workload also
-        // writes its status page (seqno, CSB) and its context's ring head: two pages more.
+    fn drain_writes(&self, max_drain: usize) -> Option<DrainWrites> {
+        // The workloads a drain would run, their write sets taken through the host view as the
+        // engine will run them, plus what completing each writes (its context's ring head, its
+        // engine's status page). A workload with an unknown write set (a draw: shaders may write
+        // anywhere the context reaches) is counted as the largest footprint any workload has had
+        // on this vGPU, all of it pages not yet due to be sent — an estimate, as MIG_DATA_SIZE
+        // is, and the cautious one. (Assuming a context rewrites the pages its last workload
+        // wrote was tried and under-estimated video decode, which rotates its surfaces.) With no
+        // history there is no estimate.
         let gen = self.vgpu.config().gen;
-        let mut pages = 0u64;
-        for w in &self.vgpu.queue {
-            let engine = crate::shadow::parser_engine(w.engine);
+        let seen = self.vgpu.stats().max_workload_pages;
+        let mut out = DrainWrites::default();
+        for w in self.vgpu.queue.iter().take(max_drain) {
+            let view = self.vgpu.host_view(w.pml4);
+            let mut log = WriteLog::default();
+            let before = out.pages.len();
             for cmd in &w.commands {
-                let d = gmig_cmdparser::decode_one(gen, engine, &cmd.dwords, 0).ok()?;
-                match d.write_set(&cmd.ctx) {
-                    WriteSet::Nothing => {}
-                    WriteSet::Unknown => return None,
-                    WriteSet::Ranges(ranges) => {
-                        for r in ranges {
-                            let first = r.start / PAGE_SIZE;
-                            let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
-                            pages = pages.saturating_add(last - first + 1);
-                        }
-                    }
+                crate::shadow::log_write_set(gen, w.engine, cmd, &view, &mut log, &mut out.pages);
+            }
+            if log.unknown {
+                if seen == 0 {
+                    return None;
+                }
+                let known = (out.pages.len() - before) as u64;
+                out.more = out.more.saturating_add(seen.saturating_sub(known));
+            }
+            let head = w
+                .lrca
+                .0
+                .checked_add(lrc::STATE_OFFSET + 4 * lrc::RING_HEAD as u64);
+            let hws = self
+                .vgpu
+                .sregs
+                .get(&(w.engine.mmio_base_for(gen) + crate::mmio::ring::HWS_PGA))
+                .filter(|h| **h != 0)
+                .map(|h| u64::from(h & 0xffff_f000));
+            for addr in [head, hws].into_iter().flatten() {
+                if let Ok(gpa) = view.translate(Space::Ggtt, addr) {
+                    out.pages.push(Gfn::containing(gpa));
                 }
             }
-            pages = pages.saturating_add(2);
         }
-        Some(pages)
+        if out.more > 0 {
+            // The GPU writes only through its GTTs: whatever a shader writes is a mapped frame.
+            out.within = Some(self.vgpu.gtt_backed_pages());
+        }
+        out.pages.sort_unstable();
+        out.pages.dedup();
+        Some(out)
     }
 
     fn unquiesce(&mut self) -> Result<(), VmError> {
