@@ -67,6 +67,17 @@ fn maker(profile: Profile, policy: Policy) -> impl Fn(u64) -> VmDevice<VgpuFacto
     }
 }
 
+/// A fresh device on `slices` holding no vGPU yet: only a stream will fill it.
+fn fresh(slices: VgpuSlices) -> VmDevice<VgpuFactory> {
+    VmDevice::new(
+        None,
+        factory(slices),
+        StreamLimits::default(),
+        settings(Policy::OneShot),
+    )
+    .unwrap()
+}
+
 fn same(a: &VmDevice<VgpuFactory>, b: &VmDevice<VgpuFactory>) -> bool {
     match (a.vm(), b.vm()) {
         (Some(x), Some(y)) => compare_guest_visible(x.vgpu(), y.vgpu()).is_identical(),
@@ -196,16 +207,7 @@ fn a_restored_vgpu_migrates_on_through_v1_and_v2() {
     // to A's slices: each hop equals the original.
     let (s, d) = slices();
     let mut a = MigrationHandle::new(maker(Profile::Desktop, Policy::OneShotNarrow)(0)).unwrap();
-    let mut b = MigrationHandle::new(
-        VmDevice::new(
-            None,
-            factory(d),
-            StreamLimits::default(),
-            settings(Policy::OneShot),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let mut b = MigrationHandle::new(fresh(d)).unwrap();
     target::migrate(&mut a, &mut b, MigrateOptions::default(), |_| Ok(())).unwrap();
     assert!(same(a.device(), b.device()));
     assert_eq!(
@@ -219,13 +221,7 @@ fn a_restored_vgpu_migrates_on_through_v1_and_v2() {
     v1b.save(&mut wire, true, |_| Ok(())).unwrap();
     // B ran its carried work in the stop's drain; C must equal B as B was saved.
     let b = v1b.into_handle();
-    let c = VmDevice::new(
-        None,
-        factory(s),
-        StreamLimits::default(),
-        settings(Policy::OneShot),
-    )
-    .unwrap();
+    let c = fresh(s);
     let mut v1c = V1Region::new(MigrationHandle::new(c).unwrap(), 4096);
     v1c.load(&mut wire.as_slice()).unwrap();
     let c = v1c.into_handle();
@@ -240,13 +236,7 @@ fn a_restored_vgpu_migrates_on_through_v1_and_v2() {
 #[test]
 fn a_device_with_no_vgpu_refuses_to_save_and_stays_usable() {
     let (_, d) = slices();
-    let dev = VmDevice::new(
-        None,
-        factory(d),
-        StreamLimits::default(),
-        settings(Policy::OneShot),
-    )
-    .unwrap();
+    let dev = fresh(d);
     let mut h = MigrationHandle::new(dev).unwrap();
     assert!(MigrationTarget::set_state(&mut h, DeviceState::PreCopy).is_err());
     assert!(MigrationTarget::set_state(&mut h, DeviceState::StopCopy).is_err());
@@ -336,16 +326,7 @@ fn dma_logging_reports_exactly_the_pages_the_running_vgpu_changed() {
     assert!(dev.vm().is_some());
 
     // A device holding no vGPU has nothing to log.
-    let mut empty = MigrationHandle::new(
-        VmDevice::new(
-            None,
-            factory(d),
-            StreamLimits::default(),
-            settings(Policy::OneShot),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let mut empty = MigrationHandle::new(fresh(d)).unwrap();
     assert!(empty.dma_logging_start(4096, &ranges).is_err());
     // Bad ranges are refused as the kernel refuses them.
     let mut h = MigrationHandle::new(dev).unwrap();

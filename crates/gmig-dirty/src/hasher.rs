@@ -535,32 +535,16 @@ impl Hasher {
     /// transfer that sends zero pages as markers will produce.
     pub fn count_zero(&self, mem: &GuestPages<'_>, frames: &DirtyBitmap) -> Result<u64> {
         let kernel = self.kernel;
-        let plan = self.plan(frames.words());
-        let ranks = vec![0u32; frames.words().len() + 1];
-        self.pool.install(|| {
-            plan.into_par_iter()
-                .map(|(w0, w1)| -> Result<u64> {
-                    let mut zero = 0u64;
-                    for_each_page(
-                        Walk {
-                            tracked: frames,
-                            ranks: &ranks,
-                            mem,
-                            prefetch: self.prefetch_pages,
-                        },
-                        |w| frames.words()[w],
-                        w0,
-                        w1,
-                        |_, _, p, next| {
-                            // SAFETY: `p` is a mapped guest page; the kernel is supported.
-                            zero += u64::from(unsafe { kernel.hash_raw(p, next) }.is_zero());
-                            Ok(())
-                        },
-                    )?;
-                    Ok(zero)
-                })
-                .try_reduce(|| 0, |a, b| Ok(a + b))
-        })
+        self.fold_pages(
+            mem,
+            frames,
+            self.prefetch_pages,
+            |p, next| {
+                // SAFETY: `p` is a mapped guest page; the kernel is supported.
+                u64::from(unsafe { kernel.hash_raw(p, next) }.is_zero())
+            },
+            |a, b| a + b,
+        )
     }
 
     /// Read every page set in `frames` once with the widest loads available, using the same work
@@ -575,31 +559,50 @@ impl Hasher {
         prefetch: bool,
     ) -> Result<u64> {
         let kernel = self.kernel;
+        self.fold_pages(
+            mem,
+            frames,
+            if prefetch { self.prefetch_pages } else { 0 },
+            // SAFETY: `p` is a mapped guest page.
+            |p, next| unsafe { kernel::read_raw(kernel, p, next) },
+            |a, b| a ^ b,
+        )
+    }
+
+    /// `f(page, next page)` over every page set in `frames`, split and threaded as hashing is,
+    /// folded with `combine` (associative and commutative, 0 its identity).
+    fn fold_pages(
+        &self,
+        mem: &GuestPages<'_>,
+        frames: &DirtyBitmap,
+        prefetch: usize,
+        f: impl Fn(*const u8, *const u8) -> u64 + Sync,
+        combine: impl Fn(u64, u64) -> u64 + Sync,
+    ) -> Result<u64> {
         let plan = self.plan(frames.words());
         let ranks = vec![0u32; frames.words().len() + 1];
         self.pool.install(|| {
             plan.into_par_iter()
                 .map(|(w0, w1)| -> Result<u64> {
-                    let mut x = 0u64;
+                    let mut acc = 0u64;
                     for_each_page(
                         Walk {
                             tracked: frames,
                             ranks: &ranks,
                             mem,
-                            prefetch: if prefetch { self.prefetch_pages } else { 0 },
+                            prefetch,
                         },
                         |w| frames.words()[w],
                         w0,
                         w1,
                         |_, _, p, next| {
-                            // SAFETY: `p` is a mapped guest page.
-                            x ^= unsafe { kernel::read_raw(kernel, p, next) };
+                            acc = combine(acc, f(p, next));
                             Ok(())
                         },
                     )?;
-                    Ok(x)
+                    Ok(acc)
                 })
-                .try_reduce(|| 0, |a, b| Ok(a ^ b))
+                .try_reduce(|| 0, |a, b| Ok(combine(a, b)))
         })
     }
 }
