@@ -152,7 +152,7 @@ fn carried_work_runs_identically_on_the_destination_only_with_remapping() {
 
 #[test]
 fn a_bad_stream_leaves_the_held_vgpu_as_it_was_and_running() {
-    let (s, d) = slices();
+    let (_, d) = slices();
     // A good stream from a source on other slices.
     let mut src = MigrationHandle::new(maker(Profile::Desktop, Policy::OneShot)(0)).unwrap();
     let mut sink = MigrationHandle::new(maker(Profile::Desktop, Policy::OneShot)(1)).unwrap();
@@ -198,7 +198,6 @@ fn a_bad_stream_leaves_the_held_vgpu_as_it_was_and_running() {
         assert!(diff.is_identical(), "{what}: {diff:?}");
         assert_eq!(vm.stream_header(), reference.stream_header(), "{what}");
     }
-    let _ = s;
 }
 
 #[test]
@@ -340,4 +339,24 @@ fn dma_logging_reports_exactly_the_pages_the_running_vgpu_changed() {
         )
         .is_err());
     assert!(h.dma_logging_start(4096, &[]).is_err());
+}
+
+#[test]
+fn a_resume_while_dma_logging_reports_every_logged_page() {
+    use gmig_vfio_migration::IovaRange;
+    let mut src = MigrationHandle::new(maker(Profile::Idle, Policy::OneShot)(0)).unwrap();
+    let mut h = MigrationHandle::new(maker(Profile::Idle, Policy::OneShot)(1)).unwrap();
+    let all = [IovaRange {
+        iova: 0,
+        length: RAM,
+    }];
+    h.dma_logging_start(4096, &all).unwrap();
+    assert!(h
+        .dma_logging_report(0, RAM, 4096)
+        .unwrap()
+        .iter()
+        .all(|w| *w == 0));
+    target::migrate(&mut src, &mut h, MigrateOptions::default(), |_| Ok(())).unwrap();
+    let report = h.dma_logging_report(0, RAM, 4096).unwrap();
+    assert_eq!(pages_in_report(&report, 0).len() as u64, RAM / 4096);
 }

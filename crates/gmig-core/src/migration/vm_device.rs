@@ -226,6 +226,12 @@ impl<F: VmFactory> StateLoader for VmDevice<F> {
         })?;
         // Only now, with the new VM restored, is the old one (if any) let go.
         self.source = Some(self.source_for(vm).stopped());
+        // Guest memory was replaced wholesale: if DMA logging runs, every logged page is new.
+        if let Some(snap) = self.dma_hashes.as_mut() {
+            if let Ok(fresh) = HashSnapshot::new(snap.tracked().clone()) {
+                *snap = fresh;
+            }
+        }
         Ok(())
     }
 }
