@@ -57,6 +57,15 @@ fn bitmap_of(
     Ok(b)
 }
 
+/// Migratable frames outside `tracked`: they became migratable after pre-copy began, were never
+/// sent, and go in stop-copy as they are.
+fn untracked_pages<V: MigratableVm>(vm: &V, tracked: &DirtyBitmap) -> Vec<Gfn> {
+    vm.migratable_pages()
+        .into_iter()
+        .filter(|g| !tracked.in_span(dg(*g)) || !tracked.is_set(dg(*g)))
+        .collect()
+}
+
 /// Per-phase counts and times of the source side.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SourceStats {
@@ -383,12 +392,7 @@ impl<V: MigratableVm> SourceDevice<V> {
         };
         // Pages that became migratable after pre-copy started were never tracked: send them.
         let tracked = snap.tracked().clone();
-        self.queue.extend(
-            self.vm
-                .migratable_pages()
-                .into_iter()
-                .filter(|g| !tracked.in_span(dg(*g)) || !tracked.is_set(dg(*g))),
-        );
+        self.queue.extend(untracked_pages(&self.vm, &tracked));
         let candidates = match (self.policy, self.vm.write_candidates()) {
             (Policy::OneShotNarrow, Candidates::Pages(pages)) => {
                 let mut b = bitmap_of(self.guest_pages, pages)?;
@@ -504,15 +508,9 @@ impl<V: MigratableVm> SourceDevice<V> {
                     .snap
                     .as_ref()
                     .ok_or(DeviceError::Failed("no snapshot".into()))?;
-                let tracked = snap.tracked();
                 // Frames that became migratable after pre-copy began go as they are.
-                let mut frames = bitmap_of(
-                    self.guest_pages,
-                    self.vm
-                        .migratable_pages()
-                        .into_iter()
-                        .filter(|g| !tracked.in_span(dg(*g)) || !tracked.is_set(dg(*g))),
-                )?;
+                let mut frames =
+                    bitmap_of(self.guest_pages, untracked_pages(&self.vm, snap.tracked()))?;
                 plan.queued = frames.count();
                 // What changed since it was sent (never-sent tracked pages count as changed).
                 let candidates = match self.vm.write_candidates() {
@@ -546,6 +544,12 @@ impl<V: MigratableVm> SourceDevice<V> {
                 .map_err(|e| failed("zero scan", e))
         };
         plan.zero = zero_in(&listed)?;
+        // Sent pages not due to go again: a drain's writes may land there.
+        let sent_unlisted = self.snap.as_ref().map(|snap| {
+            let mut rest = snap.recorded().clone();
+            rest.subtract(&listed);
+            rest
+        });
         if self.drainable() > 0 {
             match self.vm.drain_writes(self.drainable()) {
                 Some(w) => {
@@ -565,9 +569,7 @@ impl<V: MigratableVm> SourceDevice<V> {
                         }
                         b
                     };
-                    let room_new = self.snap.as_ref().map_or(0, |snap| {
-                        let mut rest = snap.recorded().clone();
-                        rest.subtract(&listed);
+                    let room_new = sent_unlisted.map_or(0, |mut rest| {
                         rest.subtract(&new);
                         within(rest).count()
                     });
@@ -581,11 +583,7 @@ impl<V: MigratableVm> SourceDevice<V> {
                 // Nothing can be said: every sent page may be rewritten.
                 None => {
                     plan.drain_unzeroed = plan.zero;
-                    if let Some(snap) = self.snap.as_ref() {
-                        let mut rest = snap.recorded().clone();
-                        rest.subtract(&listed);
-                        plan.drain_new = rest.count();
-                    }
+                    plan.drain_new = sent_unlisted.map_or(0, |rest| rest.count());
                 }
             }
         }

@@ -241,8 +241,8 @@ fn dma_failed(what: &str, e: impl std::fmt::Display) -> DeviceError {
 }
 
 impl<F: VmFactory> VmDevice<F> {
-    /// Guest memory as `gmig-dirty` pages, and the frames in it that `ranges` cover.
-    fn logged_frames(&self, ranges: &[IovaRange]) -> Result<DirtyBitmap, DeviceError> {
+    /// Hashes of the guest frames that `ranges` cover, as they are now.
+    fn dma_snapshot(&self, ranges: &[IovaRange]) -> Result<HashSnapshot, DeviceError> {
         let vm = self.vm().ok_or_else(no_vm)?;
         let pages = GuestPages::new(vm.memory()).map_err(|e| dma_failed("guest memory", e))?;
         let mut frames = pages.frames().map_err(|e| dma_failed("guest memory", e))?;
@@ -261,7 +261,11 @@ impl<F: VmFactory> VmDevice<F> {
             }
         }
         frames.intersect(&covered);
-        Ok(frames)
+        let mut snap = HashSnapshot::new(frames).map_err(|e| dma_failed("snapshot", e))?;
+        self.hasher
+            .record_in_place(&pages, &mut snap)
+            .map_err(|e| dma_failed("hash", e))?;
+        Ok(snap)
     }
 
     /// Re-hash the logged frames and put what changed into the log.
@@ -283,21 +287,12 @@ impl<F: VmFactory> VmDevice<F> {
 
 impl<F: VmFactory> DirtyLogging for VmDevice<F> {
     fn dma_logging_start(&mut self, page_size: u64, ranges: &[IovaRange]) -> device::Result<u64> {
-        // Frames first: a device with no VM refuses before the log exists.
-        let frames = self.logged_frames(ranges)?;
+        // A device with no VM refuses before the log exists; bad ranges before anything is hashed.
+        if self.source.is_none() {
+            return Err(no_vm());
+        }
         let ps = self.dma.start(page_size, ranges)?;
-        let started = HashSnapshot::new(frames)
-            .map_err(|e| dma_failed("snapshot", e))
-            .and_then(|mut snap| {
-                let vm = self.source.as_ref().ok_or_else(no_vm)?;
-                let pages =
-                    GuestPages::new(vm.vm().memory()).map_err(|e| dma_failed("memory", e))?;
-                self.hasher
-                    .record_in_place(&pages, &mut snap)
-                    .map_err(|e| dma_failed("hash", e))?;
-                Ok(snap)
-            });
-        match started {
+        match self.dma_snapshot(ranges) {
             Ok(snap) => {
                 self.dma_hashes = Some(snap);
                 Ok(ps)
