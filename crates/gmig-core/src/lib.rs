@@ -1,26 +1,26 @@
 //! # gmig-core
 //!
-//! The reference GVT-g vGPU and the migration engine that moves it.
+//! The live-migration engine, for any device that implements [`migration::MigratableVm`].
 //!
-//! **Owns:** the vGPU types and the per-host graphics-memory partition manager; the software vGPU
-//! (MMIO, GGTT, PPGTT, fences, rings, execlists, status page, display planes) and its reference
-//! engine that really executes a subset of GEN commands; the guest-driver workload generator;
-//! versioned checkpoint/restore with GGTT remapping; the migration engine (stop-and-copy,
-//! iterative, one-shot and one-shot-narrow policies); the migration stream format; transports.
+//! **Owns:** the device-facing traits ([`migration::MigratableVm`] for a running device and its
+//! guest memory, [`migration::VmFactory`] for building one on a destination); the migration
+//! policies (stop-and-copy, iterative, one-shot, one-shot-narrow) and the downtime hash pipeline;
+//! the migration stream format ([`stream`]); transports ([`transport`]); and the adapters that put
+//! a migratable device behind `gmig-vfio-migration`'s v2 state machine: [`VmDevice`] (the device
+//! as one VFIO migration device, both ends, with DMA logging — what a VMM drives) and the
+//! two-process engine ([`migration::migrate_source`] / [`migration::migrate_destination`]).
+//! [`migration::synthetic`] is a small deterministic device for testing the engine on its own.
 //!
-//! **Must not know about:** vfio-user, QEMU's stream framing or any particular VMM: those live in
-//! `gmig-qemu-bridge` and talk to this crate through `gmig-vfio-migration`'s device trait.
+//! **Must not know about:** the reference vGPU or any GPU model (that is `gmig-vgpu`, which
+//! implements this crate's traits), vfio-user, QEMU's stream framing or any particular VMM
+//! (`gmig-qemu-bridge`), or the benchmark harness (`gmig-cli`).
 #![warn(missing_docs)]
 
-pub mod bench;
-pub mod checkpoint;
-pub mod exec;
-pub mod gm;
-pub mod gtt;
 pub mod migration;
-pub mod mmio;
-pub mod shadow;
 pub mod stream;
 pub mod transport;
-pub mod vgpu;
-pub mod workload;
+
+pub use migration::{
+    migrate_destination, migrate_source, MigratableVm, MigrationConfig, MigrationError,
+    MigrationReport, Policy, SaveSettings, VmDevice, VmFactory,
+};

@@ -297,8 +297,8 @@ pub enum StreamError {
 /// Result of stream operations.
 pub type Result<T> = std::result::Result<T, StreamError>;
 
-/// Guest frame numbers, as everywhere in gmig-core.
-pub use crate::gm::Gfn;
+/// Guest frame numbers: one type across gmig (defined by `gmig-dirty`, which hashes them).
+pub use gmig_dirty::Gfn;
 
 /// GPU generation of the vGPU a stream carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -66,6 +66,7 @@ pub trait Connection: Read + Write + Send {
 
 /// Implements [`Connection`] for a wrapper `W<C>` by forwarding to its `inner: C` field; the
 /// wrapper's own behaviour lives in its `Read`/`Write` impls.
+#[macro_export]
 macro_rules! forward_connection {
     ($wrapper:ident) => {
         impl<C: $crate::transport::Connection> $crate::transport::Connection for $wrapper<C> {
@@ -87,7 +88,6 @@ macro_rules! forward_connection {
         }
     };
 }
-pub(crate) use forward_connection;
 
 impl Connection for TcpStream {
     fn shutdown(&self) -> io::Result<()> {

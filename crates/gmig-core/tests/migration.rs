@@ -1,18 +1,18 @@
-//! The migration engine on the toy VM: differential runs for every policy over TCP, Unix and
+//! The migration engine on the synthetic VM: differential runs for every policy over TCP, Unix and
 //! memory transports; failure at every phase leaves the source running with nothing lost.
 
-use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
 
-use gmig_core::migration::toy::{ToyConfig, ToyFactory, ToyVm};
+use gmig_core::migration::synthetic::{SyntheticConfig, SyntheticFactory, SyntheticVm};
 use gmig_core::migration::{
     migrate_destination, migrate_source, record_stream, source_handle, MigratableVm,
     MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy,
 };
 use gmig_core::stream::{GpuGeneration, StreamLimits};
 use gmig_core::transport::{mem_pair, Connection, Counted, Endpoint};
+use gmig_test_support::Corrupting;
 use gmig_vfio_migration::{DeviceState, MigrationHandle, MigrationTarget};
 
 const SRC_AP: u64 = 0x0400_0000;
@@ -22,8 +22,8 @@ const DST_HID: u64 = 0x8000_0000;
 const TOTAL_STEPS: u64 = 60;
 const BEFORE: u64 = 10;
 
-fn toy_cfg(seed: u64, opaque_every: u64) -> ToyConfig {
-    ToyConfig {
+fn synth_cfg(seed: u64, opaque_every: u64) -> SyntheticConfig {
+    SyntheticConfig {
         pages: 2048,
         seed,
         max_cmd_pages: 8,
@@ -31,8 +31,8 @@ fn toy_cfg(seed: u64, opaque_every: u64) -> ToyConfig {
     }
 }
 
-fn factory() -> ToyFactory {
-    ToyFactory {
+fn factory() -> SyntheticFactory {
+    SyntheticFactory {
         aperture_base: DST_AP,
         hidden_base: DST_HID,
         skip_remap: false,
@@ -46,8 +46,8 @@ fn cfg(policy: Policy) -> MigrationConfig {
     c
 }
 
-fn reference(toy: ToyConfig) -> u64 {
-    let mut vm = ToyVm::new(toy, SRC_AP, SRC_HID).unwrap();
+fn reference(synth: SyntheticConfig) -> u64 {
+    let mut vm = SyntheticVm::new(synth, SRC_AP, SRC_HID).unwrap();
     for _ in 0..TOTAL_STEPS {
         vm.step().unwrap();
     }
@@ -67,13 +67,13 @@ fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
 
 /// Migrate mid-run, continue on the destination, return (report, digest at the end).
 fn migrated_run(
-    toy: ToyConfig,
+    synth: SyntheticConfig,
     policy: Policy,
     src_conn: Box<dyn Connection>,
     dst_conn: Box<dyn Connection>,
-    factory: ToyFactory,
+    factory: SyntheticFactory,
 ) -> (MigrationReport, Result<u64, String>) {
-    let mut vm = ToyVm::new(toy, SRC_AP, SRC_HID).unwrap();
+    let mut vm = SyntheticVm::new(synth, SRC_AP, SRC_HID).unwrap();
     for _ in 0..BEFORE {
         vm.step().unwrap();
     }
@@ -104,11 +104,11 @@ fn migrated_run(
 fn every_policy_over_tcp_equals_the_unmigrated_run() {
     for seed in [1, 7] {
         for opaque in [0, 5] {
-            let toy = toy_cfg(seed, opaque);
-            let want = reference(toy);
+            let synth = synth_cfg(seed, opaque);
+            let want = reference(synth);
             for policy in Policy::ALL {
                 let (a, b) = tcp_pair();
-                let (report, got) = migrated_run(toy, policy, a, b, factory());
+                let (report, got) = migrated_run(synth, policy, a, b, factory());
                 assert_eq!(
                     got,
                     Ok(want),
@@ -120,9 +120,9 @@ fn every_policy_over_tcp_equals_the_unmigrated_run() {
                 );
                 if policy == Policy::StopAndCopy {
                     assert_eq!(report.pages_precopy, 0);
-                    assert_eq!(report.pages_stop_copy, toy.pages);
+                    assert_eq!(report.pages_stop_copy, synth.pages);
                 } else {
-                    assert!(report.pages_precopy >= toy.pages, "{report:?}");
+                    assert!(report.pages_precopy >= synth.pages, "{report:?}");
                     assert!(
                         report.steps_during_precopy > 0,
                         "workload ran during pre-copy"
@@ -138,10 +138,10 @@ fn every_policy_over_tcp_equals_the_unmigrated_run() {
 
 #[test]
 fn unix_and_memory_transports_work_too() {
-    let toy = toy_cfg(3, 0);
-    let want = reference(toy);
+    let synth = synth_cfg(3, 0);
+    let want = reference(synth);
     let (a, b) = mem_pair(1 << 16);
-    let (_, got) = migrated_run(toy, Policy::OneShot, Box::new(a), Box::new(b), factory());
+    let (_, got) = migrated_run(synth, Policy::OneShot, Box::new(a), Box::new(b), factory());
     assert_eq!(got, Ok(want));
 
     let dir = std::env::temp_dir().join(format!("gmig-mig-{}", std::process::id()));
@@ -153,30 +153,30 @@ fn unix_and_memory_transports_work_too() {
     let t = thread::spawn(move || (l.accept().unwrap(), l));
     let a = ep.connect().unwrap();
     let (b, _l) = t.join().unwrap();
-    let (_, got) = migrated_run(toy, Policy::OneShotNarrow, a, b, factory());
+    let (_, got) = migrated_run(synth, Policy::OneShotNarrow, a, b, factory());
     assert_eq!(got, Ok(want));
 }
 
 #[test]
 fn without_remapping_the_migrated_run_differs() {
-    let toy = toy_cfg(1, 0);
-    let want = reference(toy);
+    let synth = synth_cfg(1, 0);
+    let want = reference(synth);
     let (a, b) = mem_pair(1 << 16);
-    let no_remap = ToyFactory {
+    let no_remap = SyntheticFactory {
         skip_remap: true,
         ..factory()
     };
-    let (_, got) = migrated_run(toy, Policy::OneShot, Box::new(a), Box::new(b), no_remap);
+    let (_, got) = migrated_run(synth, Policy::OneShot, Box::new(a), Box::new(b), no_remap);
     assert_ne!(got, Ok(want), "the differential test must have teeth");
 }
 
 #[test]
 fn narrow_sends_far_fewer_pages_in_downtime_than_stop_and_copy() {
-    let toy = toy_cfg(2, 0);
+    let synth = synth_cfg(2, 0);
     let mut stop_copy = Vec::new();
     for policy in Policy::ALL {
         let (a, b) = mem_pair(1 << 16);
-        let (r, _) = migrated_run(toy, policy, Box::new(a), Box::new(b), factory());
+        let (r, _) = migrated_run(synth, policy, Box::new(a), Box::new(b), factory());
         stop_copy.push((policy, r.pages_stop_copy, r.pages_rehashed));
     }
     let sac = stop_copy[0].1;
@@ -186,57 +186,17 @@ fn narrow_sends_far_fewer_pages_in_downtime_than_stop_and_copy() {
     assert!(narrow_rehashed * 4 < oneshot_rehashed, "{stop_copy:?}");
 }
 
-/// A connection that flips one byte of what it writes, at a given stream offset.
-struct Corrupting<C> {
-    inner: C,
-    at: u64,
-    written: u64,
-}
-
-impl<C: Read> Read for Corrupting<C> {
-    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
-        self.inner.read(b)
-    }
-}
-
-impl<C: Connection> Write for Corrupting<C> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let mut buf = data.to_vec();
-        if self.at >= self.written && self.at < self.written + data.len() as u64 {
-            buf[(self.at - self.written) as usize] ^= 0x20;
-        }
-        let n = self.inner.write(&buf)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-impl<C: Connection> Connection for Corrupting<C> {
-    fn shutdown(&self) -> io::Result<()> {
-        self.inner.shutdown()
-    }
-    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.inner.set_read_timeout(t)
-    }
-    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.inner.set_write_timeout(t)
-    }
-}
-
 /// Run a migration that is expected to fail; check the source is RUNNING again and that
 /// continuing it reaches the reference state. Returns the source's and destination's errors.
-fn failing_run<F: gmig_core::migration::VmFactory<Vm = ToyVm> + 'static>(
+fn failing_run<F: gmig_core::migration::VmFactory<Vm = SyntheticVm> + 'static>(
     policy: Policy,
     src_conn: Box<dyn Connection>,
     dst_conn: Box<dyn Connection>,
     factory: F,
 ) -> (MigrationError, MigrationError) {
-    let toy = toy_cfg(4, 0);
-    let want = reference(toy);
-    let mut vm = ToyVm::new(toy, SRC_AP, SRC_HID).unwrap();
+    let synth = synth_cfg(4, 0);
+    let want = reference(synth);
+    let mut vm = SyntheticVm::new(synth, SRC_AP, SRC_HID).unwrap();
     for _ in 0..BEFORE {
         vm.step().unwrap();
     }
@@ -272,7 +232,7 @@ fn failing_run<F: gmig_core::migration::VmFactory<Vm = ToyVm> + 'static>(
 /// before the commit frame).
 fn layout(policy: Policy) -> (u64, u64) {
     let (a, b) = mem_pair(1 << 16);
-    let (r, _) = migrated_run(toy_cfg(4, 0), policy, Box::new(a), Box::new(b), factory());
+    let (r, _) = migrated_run(synth_cfg(4, 0), policy, Box::new(a), Box::new(b), factory());
     (r.bytes_precopy, r.bytes_on_wire - 16)
 }
 
@@ -309,10 +269,10 @@ fn a_cut_connection_at_any_phase_leaves_the_source_running() {
 #[test]
 fn destination_rejections_leave_the_source_running() {
     // Incompatible vGPU type: refused at the header.
-    struct Other(ToyFactory);
+    struct Other(SyntheticFactory);
     use gmig_core::migration::VmFactory;
     impl VmFactory for Other {
-        type Vm = ToyVm;
+        type Vm = SyntheticVm;
         fn compatibility(&self) -> gmig_core::stream::Compatibility {
             gmig_core::stream::Compatibility {
                 generation: GpuGeneration::Gen11,
@@ -330,7 +290,7 @@ fn destination_rejections_leave_the_source_running() {
             h: &gmig_core::stream::StreamHeader,
             m: vm_memory::GuestMemoryMmap,
             s: &[(gmig_core::stream::StateKind, Vec<u8>)],
-        ) -> Result<(ToyVm, gmig_core::migration::RestoreTimes), gmig_core::migration::VmError>
+        ) -> Result<(SyntheticVm, gmig_core::migration::RestoreTimes), gmig_core::migration::VmError>
         {
             self.0.restore(h, m, s)
         }
@@ -361,11 +321,7 @@ fn destination_rejections_leave_the_source_running() {
     for (policy, at) in cases {
         {
             let (a, b) = mem_pair(1 << 16);
-            let a = Corrupting {
-                inner: a,
-                at,
-                written: 0,
-            };
+            let a = Corrupting::new(a, at);
             let (src, dst) = failing_run(policy, Box::new(a), Box::new(b), factory());
             // The source reports the destination's reason, not just a broken pipe.
             match &src {
@@ -381,7 +337,7 @@ fn destination_rejections_leave_the_source_running() {
         }
     }
     // Restore refused (the queued work points outside the destination's slice).
-    let bad = ToyFactory {
+    let bad = SyntheticFactory {
         aperture_base: u64::MAX - 0x1000,
         ..factory()
     };
@@ -399,7 +355,7 @@ fn destination_rejections_leave_the_source_running() {
 #[test]
 fn any_corrupted_byte_of_a_recorded_stream_is_rejected_by_the_destination() {
     use gmig_core::migration::DestDevice;
-    let mut vm = ToyVm::new(toy_cfg(5, 0), SRC_AP, SRC_HID).unwrap();
+    let mut vm = SyntheticVm::new(synth_cfg(5, 0), SRC_AP, SRC_HID).unwrap();
     for _ in 0..BEFORE {
         vm.step().unwrap();
     }
@@ -434,7 +390,7 @@ fn a_zero_page_after_a_full_one_zeroes_the_frame_on_the_destination() {
     use gmig_core::stream::{load, Gfn, PageBatch, StreamWriter, PAGE_SIZE};
     use vm_memory::{Bytes, GuestAddress};
 
-    let vm = ToyVm::new(toy_cfg(6, 0), SRC_AP, SRC_HID).unwrap();
+    let vm = SyntheticVm::new(synth_cfg(6, 0), SRC_AP, SRC_HID).unwrap();
     let (bytes, _vm) = record_stream(vm, &cfg(Policy::StopAndCopy)).unwrap();
     let recorded = load(&bytes[..], StreamLimits::default(), None).unwrap();
     // Frame 1000 is zero in the recorded stream; send it full first, then the recorded batches.
@@ -499,7 +455,7 @@ fn mig_data_size_never_underestimates_the_stop_copy_bytes() {
         (Policy::OneShotNarrow, 0),
         (Policy::OneShotNarrow, 3),
     ] {
-        let mut vm = ToyVm::new(toy_cfg(8, opaque), SRC_AP, SRC_HID).unwrap();
+        let mut vm = SyntheticVm::new(synth_cfg(8, opaque), SRC_AP, SRC_HID).unwrap();
         for _ in 0..BEFORE {
             vm.step().unwrap();
         }

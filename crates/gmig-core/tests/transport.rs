@@ -152,15 +152,15 @@ fn write_timeout_is_honoured_when_the_peer_stops_reading() {
 
 #[test]
 fn a_destination_that_stops_reading_times_the_source_out() {
-    use gmig_core::migration::toy::{ToyConfig, ToyVm};
+    use gmig_core::migration::synthetic::{SyntheticConfig, SyntheticVm};
     use gmig_core::migration::{migrate_source, source_handle, MigrationConfig, Policy};
-    let cfg_toy = ToyConfig {
+    let cfg_toy = SyntheticConfig {
         pages: 512,
         seed: 1,
         max_cmd_pages: 4,
         opaque_every: 0,
     };
-    let vm = ToyVm::new(cfg_toy, 0x0400_0000, 0x4000_0000).unwrap();
+    let vm = SyntheticVm::new(cfg_toy, 0x0400_0000, 0x4000_0000).unwrap();
     let mut cfg = MigrationConfig::new(Policy::StopAndCopy);
     cfg.timeout = Duration::from_millis(100);
     let (a, _b) = mem_pair(4096); // nobody reads `_b`

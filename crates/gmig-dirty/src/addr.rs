@@ -11,7 +11,19 @@ pub const PAGE_SHIFT: u32 = 12;
 ///
 /// Arithmetic is explicit and checked (vm-memory style), so a frame number is never silently mixed
 /// with a byte address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct Gfn(pub u64);
 
 impl Gfn {

@@ -6,12 +6,12 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::bench::{run_case, BenchCase, BenchSample, Summary};
 use anyhow::{anyhow, bail, Context};
-use gmig_core::bench::{run_case, BenchCase, BenchSample, Summary};
-use gmig_core::gm::VgpuType;
-use gmig_core::migration::vgpu_vm::{parse_vgpu_type, type_id};
 use gmig_core::migration::Policy;
-use gmig_core::workload::{Profile, WorkloadConfig};
+use gmig_vgpu::gm::VgpuType;
+use gmig_vgpu::migratable::{parse_vgpu_type, type_id};
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{BenchCommonArgs, BenchMigrateArgs, BenchPaperArgs, ProfileArg};

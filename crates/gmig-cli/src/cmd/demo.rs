@@ -2,8 +2,8 @@
 //! process, and report the downtime and whether the destination equals an unmigrated run.
 
 use anyhow::Context;
-use gmig_core::migration::scenario::{run_loopback, Scenario, ScenarioReport};
 use gmig_core::migration::Policy;
+use gmig_vgpu::scenario::{run_loopback, Scenario, ScenarioReport};
 
 use crate::cli::DemoArgs;
 use crate::cmd::migrate::{policy_of, print_human, progress_bar};

@@ -2,16 +2,16 @@
 //! migrates it (`--to`), with a progress bar and a summary.
 
 use anyhow::{anyhow, Context};
-use gmig_core::checkpoint::RestoreOptions;
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_core::migration::scenario::ScenarioReport;
-use gmig_core::migration::vgpu_vm::{parse_vgpu_type, VgpuFactory, VgpuVm};
 use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigrationConfig, MigrationPhase,
     MigrationReport, Policy, Progress,
 };
 use gmig_core::transport::{Connection, Endpoint, Throttled};
-use gmig_core::workload::{Profile, WorkloadConfig};
+use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_vgpu::migratable::{parse_vgpu_type, VgpuFactory, VgpuVm};
+use gmig_vgpu::scenario::ScenarioReport;
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{MigrateArgs, PolicyArg, ProfileArg};

@@ -23,9 +23,7 @@
 //! destination (if the Commit was lost too, the stopped source still holds the whole state).
 
 pub mod device;
-pub mod scenario;
-pub mod toy;
-pub mod vgpu_vm;
+pub mod synthetic;
 pub mod vm_device;
 
 use std::io::{self, Read, Write};

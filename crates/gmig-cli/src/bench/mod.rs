@@ -1,3 +1,6 @@
+//! The benchmark harness behind `gmig bench migrate` and `gmig bench paper` (a harness, not part
+//! of the engine's library API).
+//!
 //! Benchmark scenarios for `gmig bench`: one migration of a booted reference vGPU over loopback
 //! TCP (optionally paced to a link speed), with the memory-read bandwidth of the same guest
 //! memory measured in the same run, and the lower bound on downtime derived from both.
@@ -34,16 +37,16 @@ use std::time::{Duration, Instant};
 use gmig_cmdparser::Gen;
 use gmig_dirty::{GuestPages, Hasher};
 
-use crate::checkpoint::RestoreOptions;
-use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType, PAGE_SIZE};
-use crate::migration::vgpu_vm::{VgpuFactory, VgpuVm};
-use crate::migration::{
+use gmig_core::forward_connection;
+use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
     MigrationError, MigrationReport, Policy, VmError,
 };
-use crate::transport::forward_connection;
-use crate::transport::{Connection, Endpoint, Throttled, TransportError};
-use crate::workload::{Profile, WorkloadConfig};
+use gmig_core::transport::{Connection, Endpoint, Throttled, TransportError};
+use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType, PAGE_SIZE};
+use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
 
 /// Errors of a benchmark run.
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use vm_memory::GuestAddress;
 
 pub use gmig_cmdparser::{Gen, GgttOffset, Slice, SliceMove, VgpuSlices};
 
@@ -41,21 +40,8 @@ pub enum GmError {
 /// Result type of this module.
 pub type Result<T> = std::result::Result<T, GmError>;
 
-/// A guest frame number: a guest-physical address divided by [`PAGE_SIZE`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Gfn(pub u64);
-
-impl Gfn {
-    /// The frame holding guest-physical address `addr`.
-    pub fn containing(addr: GuestAddress) -> Gfn {
-        Gfn(addr.0 / PAGE_SIZE)
-    }
-
-    /// The guest-physical address of the frame's first byte, `None` on overflow.
-    pub fn addr(self) -> Option<GuestAddress> {
-        self.0.checked_mul(PAGE_SIZE).map(GuestAddress)
-    }
-}
+/// Guest frame numbers: one type across gmig, defined by `gmig-dirty` (which hashes them).
+pub use gmig_dirty::Gfn;
 
 /// The four GVT-g vGPU types (named after the SKL+ types; the number is how many fit a host).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -23,15 +23,15 @@ use crate::stream::{
 pub const RING_PAGES: u64 = 8;
 /// Commands kept in flight in steady state (the queue a quiesce carries across).
 pub const QUEUE_DEPTH: usize = 3;
-/// The toy's vGPU type.
-pub const TOY_TYPE: VgpuTypeId = VgpuTypeId {
+/// The synthetic VM's vGPU type.
+pub const SYNTHETIC_TYPE: VgpuTypeId = VgpuTypeId {
     aperture_mib: 64,
     hidden_mib: 384,
 };
 
-/// Parameters of a toy VM.
+/// Parameters of a synthetic VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToyConfig {
+pub struct SyntheticConfig {
     /// Guest frames in all (ring included).
     pub pages: u64,
     /// Workload seed.
@@ -59,10 +59,10 @@ struct Engine {
     accepting: bool,
 }
 
-/// The toy VM.
+/// The synthetic VM.
 #[derive(Debug)]
-pub struct ToyVm {
-    cfg: ToyConfig,
+pub struct SyntheticVm {
+    cfg: SyntheticConfig,
     mem: GuestMemoryMmap,
     /// Where the guest believes its aperture is (read once from the info page; never changes).
     guest_aperture: u64,
@@ -89,11 +89,15 @@ fn mix(seed: u64, n: u64) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&[seed.to_le_bytes(), n.to_le_bytes()].concat())
 }
 
-impl ToyVm {
+impl SyntheticVm {
     /// A fresh VM whose aperture slice sits at `aperture_base` and hidden slice at `hidden_base`.
-    pub fn new(cfg: ToyConfig, aperture_base: u64, hidden_base: u64) -> Result<Self, VmError> {
+    pub fn new(
+        cfg: SyntheticConfig,
+        aperture_base: u64,
+        hidden_base: u64,
+    ) -> Result<Self, VmError> {
         if cfg.pages <= RING_PAGES + 1 || cfg.max_cmd_pages == 0 {
-            return Err(VmError("toy VM too small".into()));
+            return Err(VmError("synthetic VM too small".into()));
         }
         Ok(Self {
             cfg,
@@ -247,11 +251,11 @@ impl ToyVm {
     }
 }
 
-impl MigratableVm for ToyVm {
+impl MigratableVm for SyntheticVm {
     fn stream_header(&self) -> StreamHeader {
         StreamHeader::new(
             GpuGeneration::Gen9,
-            TOY_TYPE,
+            SYNTHETIC_TYPE,
             self.host_aperture,
             self.host_hidden,
             self.cfg.pages,
@@ -366,9 +370,9 @@ fn dec<'a, T: Deserialize<'a>>(
     postcard::from_bytes(bytes).map_err(|e| VmError(format!("state section {kind:?}: {e}")))
 }
 
-/// Builds toy VMs on a destination whose slices sit at the given offsets.
+/// Builds synthetic VMs on a destination whose slices sit at the given offsets.
 #[derive(Debug, Clone)]
-pub struct ToyFactory {
+pub struct SyntheticFactory {
     /// Destination aperture slice offset.
     pub aperture_base: u64,
     /// Destination hidden slice offset.
@@ -377,13 +381,13 @@ pub struct ToyFactory {
     pub skip_remap: bool,
 }
 
-impl VmFactory for ToyFactory {
-    type Vm = ToyVm;
+impl VmFactory for SyntheticFactory {
+    type Vm = SyntheticVm;
 
     fn compatibility(&self) -> Compatibility {
         Compatibility {
             generation: GpuGeneration::Gen9,
-            vgpu_type: TOY_TYPE,
+            vgpu_type: SYNTHETIC_TYPE,
         }
     }
 
@@ -396,14 +400,14 @@ impl VmFactory for ToyFactory {
         header: &StreamHeader,
         memory: GuestMemoryMmap,
         states: &[(StateKind, Vec<u8>)],
-    ) -> Result<(ToyVm, RestoreTimes), VmError> {
+    ) -> Result<(SyntheticVm, RestoreTimes), VmError> {
         let t = Instant::now();
-        let cfg: ToyConfig = dec(states, StateKind::DeviceConfig)?;
+        let cfg: SyntheticConfig = dec(states, StateKind::DeviceConfig)?;
         if cfg.pages != header.guest_pages {
             return Err(VmError("config and header disagree on guest size".into()));
         }
         if cfg.pages <= RING_PAGES + 1 || cfg.max_cmd_pages == 0 {
-            return Err(VmError("toy VM config out of range".into()));
+            return Err(VmError("synthetic VM config out of range".into()));
         }
         let (surface, guest_aperture): (u64, u64) = dec(states, StateKind::Registers)?;
         let (src_aperture, _src_hidden): (u64, u64) = dec(states, StateKind::Ggtt)?;
@@ -437,7 +441,7 @@ impl VmFactory for ToyFactory {
             (self.aperture_base, rebase(surface)?, queue)
         };
         let remap_ns = t.elapsed().as_nanos() as u64;
-        let vm = ToyVm {
+        let vm = SyntheticVm {
             cfg,
             mem: memory,
             guest_aperture,

@@ -6,14 +6,14 @@ use std::thread;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gmig_core::checkpoint::RestoreOptions;
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_core::migration::vgpu_vm::{VgpuFactory, VgpuVm};
 use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigrationConfig, Policy,
 };
 use gmig_core::transport::mem_pair;
-use gmig_core::workload::{Profile, WorkloadConfig};
+use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
 
 const RAM: u64 = 64 << 20;
 

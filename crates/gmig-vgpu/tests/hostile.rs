@@ -3,11 +3,11 @@
 
 use gmig_cmdparser::build::{self, Rect};
 use gmig_cmdparser::{by_name, AddressSpace, Engine, Gen};
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_core::gtt::new_guest_ram;
-use gmig_core::mmio::{self, EngineId};
-use gmig_core::vgpu::{compare_guest_visible, FaultKind, Vgpu, VgpuConfig};
-use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_vgpu::gtt::new_guest_ram;
+use gmig_vgpu::mmio::{self, EngineId};
+use gmig_vgpu::vgpu::{compare_guest_visible, FaultKind, Vgpu, VgpuConfig};
+use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 const RAM: usize = 32 << 20;
 

@@ -5,32 +5,26 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
 
-use gmig_core::checkpoint::RestoreOptions;
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
-use gmig_core::migration::vgpu_vm::{VgpuFactory, VgpuVm};
 use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
     MigrationError, MigrationPhase, MigrationReport, Policy,
 };
 use gmig_core::transport::{Connection, Counted, Endpoint};
-use gmig_core::vgpu::compare_guest_visible;
-use gmig_core::workload::{Profile, WorkloadConfig};
 use gmig_vfio_migration::{DeviceState, MigrationTarget};
+use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::gm::{VgpuSlices, VgpuType};
+use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
+use gmig_vgpu::vgpu::compare_guest_visible;
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
 
 const RAM: u64 = 48 << 20;
 const TY: VgpuType = VgpuType::V5_8;
 const BEFORE: u64 = 3;
 const AFTER: u64 = 3;
 
+/// Source slices, and destination slices elsewhere in the GGTT (so every move remaps).
 fn slices() -> (VgpuSlices, VgpuSlices) {
-    let mut src = PartitionManager::new(HostConfig::default()).unwrap();
-    let (_, s) = src.place(TY).unwrap();
-    let mut dst = PartitionManager::new(HostConfig::default()).unwrap();
-    dst.place(VgpuType::V5_4).unwrap();
-    let (_, d) = dst.place_avoiding(TY, Some(&s)).unwrap();
-    assert_ne!(s.aperture.base, d.aperture.base);
-    assert_ne!(s.hidden.base, d.hidden.base);
-    (s, d)
+    gmig_test_support::moved_slices(TY)
 }
 
 fn boot(profile: Profile, seed: u64, s: VgpuSlices) -> VgpuVm {

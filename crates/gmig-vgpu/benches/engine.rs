@@ -5,10 +5,10 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_core::gtt::new_guest_ram;
-use gmig_core::vgpu::{Vgpu, VgpuConfig};
-use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_vgpu::gtt::new_guest_ram;
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 fn setup(profile: Profile) -> (Vgpu, GuestDriver) {
     let mut pm = PartitionManager::new(HostConfig::default()).unwrap();

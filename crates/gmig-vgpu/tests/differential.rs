@@ -2,11 +2,11 @@
 //! another host and continued ends byte-identical (guest RAM, registers, GGTT, faults) to the same
 //! workload never migrated — and, as a negative control, differs when remapping is turned off.
 
-use gmig_core::checkpoint::{RestoreOptions, VgpuState};
-use gmig_core::gm::{Gen, HostConfig, PartitionManager, VgpuSlices, VgpuType};
-use gmig_core::gtt::{copy_guest_ram, new_guest_ram};
-use gmig_core::vgpu::{compare_guest_visible, StateDiff, Vgpu, VgpuConfig};
-use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_vgpu::checkpoint::{RestoreOptions, VgpuState};
+use gmig_vgpu::gm::{Gen, HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use gmig_vgpu::gtt::{copy_guest_ram, new_guest_ram};
+use gmig_vgpu::vgpu::{compare_guest_visible, StateDiff, Vgpu, VgpuConfig};
+use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

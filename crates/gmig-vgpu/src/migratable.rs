@@ -23,14 +23,16 @@ use gmig_cmdparser::{Gen, SliceMove, VgpuSlices};
 use serde::{de::DeserializeOwned, Serialize};
 use vm_memory::GuestMemoryMmap;
 
-use super::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
 use crate::checkpoint::{RestoreOptions, VgpuState};
 use crate::gm::{Gfn, VgpuType, MIB, PAGE_SIZE};
 use crate::gtt::{new_guest_ram, ram_size, Space};
 use crate::mmio::lrc;
-use crate::stream::{Compatibility, GpuGeneration, StateKind, StreamHeader, VgpuTypeId};
 use crate::vgpu::{Vgpu, VgpuConfig, WriteLog};
 use crate::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_core::migration::{
+    Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory,
+};
+use gmig_core::stream::{Compatibility, GpuGeneration, StateKind, StreamHeader, VgpuTypeId};
 
 fn vm_err(what: &str, e: impl std::fmt::Display) -> VmError {
     VmError(format!("{what}: {e}"))

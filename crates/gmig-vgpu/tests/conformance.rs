@@ -3,28 +3,23 @@
 //! streams and identical results, an honest MIG_DATA_SIZE, any segmentation, truncation refused —
 //! for every workload profile; a failed resume loses nothing; a restored vGPU migrates on.
 
-use gmig_core::checkpoint::RestoreOptions;
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
-use gmig_core::migration::vgpu_vm::{VgpuFactory, VgpuVm};
 use gmig_core::migration::{MigratableVm, MigrationConfig, Policy, SaveSettings, VmDevice};
 use gmig_core::stream::StreamLimits;
-use gmig_core::vgpu::compare_guest_visible;
-use gmig_core::workload::{Profile, WorkloadConfig};
 use gmig_vfio_migration::conformance;
 use gmig_vfio_migration::target::{self, MigrateOptions};
 use gmig_vfio_migration::{DeviceState, MigrationHandle, MigrationTarget};
+use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::gm::{VgpuSlices, VgpuType};
+use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
+use gmig_vgpu::vgpu::compare_guest_visible;
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
 
 const RAM: u64 = 32 << 20;
 const TY: VgpuType = VgpuType::V5_8;
 
 /// Source slices, and destination slices elsewhere in the GGTT (so every move remaps).
 fn slices() -> (VgpuSlices, VgpuSlices) {
-    let mut src = PartitionManager::new(HostConfig::default()).unwrap();
-    let (_, s) = src.place(TY).unwrap();
-    let mut dst = PartitionManager::new(HostConfig::default()).unwrap();
-    dst.place(VgpuType::V5_4).unwrap();
-    let (_, d) = dst.place_avoiding(TY, Some(&s)).unwrap();
-    (s, d)
+    gmig_test_support::moved_slices(TY)
 }
 
 fn factory(slices: VgpuSlices) -> VgpuFactory {

@@ -8,16 +8,16 @@ use std::thread;
 
 use serde::Serialize;
 
-use super::vgpu_vm::{type_id, VgpuFactory, VgpuVm};
-use super::{
+use crate::checkpoint::RestoreOptions;
+use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use crate::migratable::{type_id, VgpuFactory, VgpuVm};
+use crate::vgpu::compare_guest_visible;
+use crate::workload::{Profile, WorkloadConfig};
+use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigrationConfig, MigrationError,
     MigrationPhase, MigrationReport, Policy, Progress, Result, VmError,
 };
-use crate::checkpoint::RestoreOptions;
-use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
-use crate::transport::{Connection, Endpoint, Throttled};
-use crate::vgpu::compare_guest_visible;
-use crate::workload::{Profile, WorkloadConfig};
+use gmig_core::transport::{Connection, Endpoint, Throttled};
 
 /// What to run.
 #[derive(Debug, Clone)]

@@ -1,9 +1,9 @@
 //! Every profile runs cleanly on every generation the model presents.
 
-use gmig_core::gm::{Gen, HostConfig, PartitionManager, VgpuType};
-use gmig_core::gtt::new_guest_ram;
-use gmig_core::vgpu::{Vgpu, VgpuConfig};
-use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_vgpu::gm::{Gen, HostConfig, PartitionManager, VgpuType};
+use gmig_vgpu::gtt::new_guest_ram;
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 #[test]
 fn every_profile_runs_on_every_gen() {

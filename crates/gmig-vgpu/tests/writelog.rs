@@ -3,10 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use gmig_core::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_core::gtt::new_guest_ram;
-use gmig_core::vgpu::{Vgpu, VgpuConfig};
-use gmig_core::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
+use gmig_vgpu::gtt::new_guest_ram;
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 #[test]
 fn write_sets_cover_actual_writes_and_stay_in_gtt_backed_pages() {

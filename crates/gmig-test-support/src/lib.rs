@@ -1,0 +1,81 @@
+//! # gmig-test-support
+//!
+//! Helpers that several of gmig's test suites and benchmarks share, kept in one place so that
+//! they cannot drift apart. Not a public API: nothing outside the workspace's tests depends on it.
+//!
+//! **Owns:** vGPU slice placements for "the destination sits elsewhere" tests ([`moved_slices`]);
+//! fault-injecting connections ([`Corrupting`]).
+//!
+//! **Must not know about:** anything a production path needs.
+#![warn(missing_docs)]
+
+use std::io::{self, Read, Write};
+
+use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+
+/// Source slices for a `ty` vGPU placed first on an empty host, and destination slices for the
+/// same type on a host where a 128+512 vGPU was placed first and the source's offsets are
+/// avoided — so both the aperture and the hidden slice move, and every migration remaps.
+///
+/// # Panics
+/// When the default host cannot hold the vGPUs (a test set-up error).
+pub fn moved_slices(ty: VgpuType) -> (VgpuSlices, VgpuSlices) {
+    let mut src = PartitionManager::new(HostConfig::default()).expect("default host");
+    let (_, s) = src.place(ty).expect("place source vGPU");
+    let mut dst = PartitionManager::new(HostConfig::default()).expect("default host");
+    dst.place(VgpuType::V5_4).expect("place neighbour vGPU");
+    let (_, d) = dst
+        .place_avoiding(ty, Some(&s))
+        .expect("place destination vGPU");
+    assert_ne!(s.aperture.base, d.aperture.base, "aperture slice must move");
+    assert_ne!(s.hidden.base, d.hidden.base, "hidden slice must move");
+    (s, d)
+}
+
+/// A connection that flips one bit (0x20) of the byte at stream offset `at` of what it writes;
+/// reads pass through. Use it to check that a destination refuses a corrupted stream.
+#[derive(Debug)]
+pub struct Corrupting<C> {
+    /// The connection underneath.
+    pub inner: C,
+    /// Stream offset of the byte to corrupt.
+    pub at: u64,
+    /// Bytes written so far.
+    pub written: u64,
+}
+
+impl<C> Corrupting<C> {
+    /// Corrupt the byte at stream offset `at` of what is written through `inner`.
+    pub fn new(inner: C, at: u64) -> Self {
+        Self {
+            inner,
+            at,
+            written: 0,
+        }
+    }
+}
+
+impl<C: Read> Read for Corrupting<C> {
+    fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(b)
+    }
+}
+
+impl<C: Write> Write for Corrupting<C> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let mut buf = data.to_vec();
+        let end = self.written + data.len() as u64;
+        if (self.written..end).contains(&self.at) {
+            let i = usize::try_from(self.at - self.written).expect("index within a slice");
+            buf[i] ^= 0x20;
+        }
+        let n = self.inner.write(&buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+gmig_core::forward_connection!(Corrupting);

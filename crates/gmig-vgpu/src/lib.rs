@@ -1,0 +1,36 @@
+//! # gmig-vgpu
+//!
+//! The reference GVT-g vGPU: a software model of a mediated Intel GEN8–GEN11 vGPU that really
+//! executes a subset of GEN commands against guest memory, the guest-driver workloads that drive
+//! it, and its checkpoint/restore with GGTT remapping.
+//!
+//! **Owns:** the vGPU types and the per-host graphics-memory partition manager ([`gm`]); the GGTT
+//! and PPGTT ([`gtt`]); registers and the GVT-g PV info page ([`mmio`]); the device — MMIO, fences,
+//! rings, execlists, status page, display planes ([`vgpu`]); shadowing guest submissions into host
+//! addressing with audit ([`shadow`]); the reference engine ([`exec`]); the guest-driver model and
+//! its five profiles ([`workload`]); the versioned checkpoint and restore with remapping
+//! ([`checkpoint`]). With the default `engine` feature, also the vGPU as a device the migration
+//! engine moves ([`migratable`]: `VgpuVm`, `VgpuFactory`) and a whole migration in one process
+//! ([`scenario`], behind `gmig demo`).
+//!
+//! **Must not know about:** the migration engine's policies, stream or transports (it reaches
+//! `gmig-core` only through `MigratableVm`/`VmFactory`, and only with the `engine` feature),
+//! VFIO, vfio-user or any VMM.
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod exec;
+pub mod gm;
+pub mod gtt;
+#[cfg(feature = "engine")]
+pub mod migratable;
+pub mod mmio;
+#[cfg(feature = "engine")]
+pub mod scenario;
+pub mod shadow;
+pub mod vgpu;
+pub mod workload;
+
+pub use gm::{Gfn, VgpuSlices, VgpuType};
+pub use vgpu::{Vgpu, VgpuConfig};
+pub use workload::{GuestDriver, Profile, WorkloadConfig};
