@@ -1,0 +1,103 @@
+//! Format constants and the little-endian wire layouts of the header, section headers, page
+//! records and the END payload.
+
+use zerocopy::little_endian::{U16, U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// The eight bytes every gmig stream starts with.
+pub const MAGIC: [u8; 8] = *b"GMIGSTRM";
+/// Format major version written and the only one read: a different major is refused.
+pub const FORMAT_MAJOR: u16 = 1;
+/// Newest format minor version understood; streams of an older minor are read, newer refused.
+pub const FORMAT_MINOR: u16 = 0;
+/// Size of a guest page in bytes.
+pub const PAGE_SIZE: usize = 4096;
+/// Size of the stream header in bytes.
+pub const HEADER_LEN: usize = 64;
+/// Size of a section header in bytes.
+pub const SECTION_HEADER_LEN: usize = 16;
+/// Size of one page record's header inside a page batch.
+pub const PAGE_RECORD_LEN: usize = 16;
+/// Size of a page batch's own header (record count and reserved word).
+pub const PAGE_BATCH_HEADER_LEN: usize = 8;
+/// Most page records one page batch may carry.
+pub const MAX_PAGES_PER_BATCH: u32 = 1024;
+/// Size of the END section's payload.
+pub const END_PAYLOAD_LEN: usize = 24;
+/// Version of every section kind written by this implementation.
+pub const SECTION_VERSION: u16 = 1;
+
+pub(crate) const HEADER_CRC_OFFSET: usize = HEADER_LEN - 4;
+pub(crate) const ENCODING_FULL: u32 = 0;
+pub(crate) const ENCODING_ZERO: u32 = 1;
+
+/// Section kind of a page batch.
+pub const KIND_PAGES: u16 = 7;
+/// Section kind of the END section.
+pub const KIND_END: u16 = 8;
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct WireHeader {
+    pub(crate) magic: [u8; 8],
+    pub(crate) major: U16,
+    pub(crate) minor: U16,
+    pub(crate) generation: u8,
+    pub(crate) reserved0: [u8; 3],
+    pub(crate) aperture_mib: U32,
+    pub(crate) hidden_mib: U32,
+    pub(crate) aperture_base: U64,
+    pub(crate) hidden_base: U64,
+    pub(crate) guest_pages: U64,
+    pub(crate) page_size: U32,
+    pub(crate) reserved1: [u8; 8],
+    pub(crate) crc: U32,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct WireSection {
+    pub(crate) kind: U16,
+    pub(crate) version: U16,
+    pub(crate) flags: U32,
+    pub(crate) length: U32,
+    pub(crate) crc: U32,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct WirePageRecord {
+    pub(crate) gfn: U64,
+    pub(crate) encoding: U32,
+    pub(crate) reserved: U32,
+}
+
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub(crate) struct WireEnd {
+    pub(crate) sections: U64,
+    pub(crate) pages: U64,
+    pub(crate) stream_crc: U32,
+    pub(crate) reserved: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<WireHeader>() == HEADER_LEN);
+const _: () = assert!(std::mem::size_of::<WireSection>() == SECTION_HEADER_LEN);
+const _: () = assert!(std::mem::size_of::<WirePageRecord>() == PAGE_RECORD_LEN);
+const _: () = assert!(std::mem::size_of::<WireEnd>() == END_PAYLOAD_LEN);
+
+pub(crate) fn section_crc(header12: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(header12);
+    h.update(payload);
+    h.finalize()
+}
+
+/// A vGPU type as the stream names it: aperture and hidden graphics memory in MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct VgpuTypeId {
+    /// Low (CPU-visible aperture) graphics memory in MiB.
+    pub aperture_mib: u32,
+    /// High (hidden) graphics memory in MiB.
+    pub hidden_mib: u32,
+}
