@@ -14,7 +14,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
+use super::vm::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
+
 use crate::stream::{
     Compatibility, Gfn, GpuGeneration, StateKind, StreamHeader, VgpuTypeId, PAGE_SIZE,
 };

@@ -29,14 +29,16 @@ use std::sync::Arc;
 
 use gmig_dirty::{DirtyBitmap, GuestPages, HashSnapshot, Hasher};
 use gmig_vfio_migration::dma_log::{DmaLogError, DmaLogSlot};
+
+use super::config::{MigrationConfig, Policy};
+use super::dest::DestDevice;
+use super::source::{SourceDevice, SourceStats};
+use super::vm::{MigratableVm, VmFactory};
+use crate::stream::StreamLimits;
+
 use gmig_vfio_migration::{
     device, ArcFailure, ArcResult, DeviceError, DirtyLogging, IovaRange, MigrationDevice,
     MigrationFeatures, PrecopyInfo, RunControl, StateLoader, StateSaver,
-};
-
-use super::{
-    DestDevice, MigratableVm, MigrationConfig, Policy, SourceDevice, SourceStats, StreamLimits,
-    VmFactory,
 };
 
 /// How a [`VmDevice`] saves: the source settings of [`SourceDevice::new`].

@@ -1,0 +1,272 @@
+//! What a migration is asked to do and what it reports: the policies, the knobs, the phases,
+//! the errors and the report.
+
+use std::io;
+use std::str::FromStr;
+use std::time::Duration;
+
+use gmig_vfio_migration::TargetError;
+
+use super::vm::VmError;
+use crate::stream::StreamLimits;
+
+/// How a vGPU is migrated. All policies leave the destination in the same state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Stop first, then send every page and the state.
+    StopAndCopy,
+    /// QEMU-like: send everything while running, then resend changed pages in rounds until few
+    /// remain, then stop and send the rest.
+    Iterative,
+    /// gMig: send every page once while running; in downtime re-hash all of them and send those
+    /// whose hash changed.
+    OneShot,
+    /// One-shot, re-hashing in downtime only the sound candidate set: pages the executed
+    /// commands may have written plus CPU-dirty pages (an unknown write set widens to all).
+    OneShotNarrow,
+}
+
+impl Policy {
+    /// Every policy.
+    pub const ALL: [Policy; 4] = [
+        Policy::StopAndCopy,
+        Policy::Iterative,
+        Policy::OneShot,
+        Policy::OneShotNarrow,
+    ];
+
+    /// The policy's name as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::StopAndCopy => "stop-and-copy",
+            Policy::Iterative => "iterative",
+            Policy::OneShot => "one-shot",
+            Policy::OneShotNarrow => "one-shot-narrow",
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = MigrationError;
+    fn from_str(s: &str) -> Result<Self> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| MigrationError::Config(format!("unknown policy `{s}`")))
+    }
+}
+
+/// The phase a migration was in when something happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationPhase {
+    /// Sending or checking the header.
+    Handshake,
+    /// Pre-copy while the VM runs.
+    PreCopy,
+    /// Stop-copy in downtime.
+    StopCopy,
+    /// Waiting for the destination to validate and restore.
+    Restore,
+    /// Sending or receiving the commit.
+    Commit,
+    /// Waiting for the destination to run the vGPU.
+    Resume,
+}
+
+impl std::fmt::Display for MigrationPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            MigrationPhase::Handshake => "handshake",
+            MigrationPhase::PreCopy => "pre-copy",
+            MigrationPhase::StopCopy => "stop-copy",
+            MigrationPhase::Restore => "restore",
+            MigrationPhase::Commit => "commit",
+            MigrationPhase::Resume => "resume",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Errors of the migration engine.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrationError {
+    /// The connection failed.
+    #[error("connection failed during {phase}: {source}")]
+    Transport {
+        /// Phase.
+        phase: MigrationPhase,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The peer closed the connection.
+    #[error("peer closed the connection during {phase}")]
+    Closed {
+        /// Phase.
+        phase: MigrationPhase,
+    },
+    /// The destination refused the stream.
+    #[error("destination rejected the migration during {phase}: {reason}")]
+    Rejected {
+        /// Phase.
+        phase: MigrationPhase,
+        /// The destination's reason.
+        reason: String,
+    },
+    /// A control frame or stream was invalid.
+    #[error("protocol error during {phase}: {source}")]
+    Protocol {
+        /// Phase.
+        phase: MigrationPhase,
+        /// What was wrong.
+        #[source]
+        source: crate::stream::StreamError,
+    },
+    /// The peer sent a valid but unexpected control message.
+    #[error("unexpected {got} during {phase}")]
+    Unexpected {
+        /// Phase.
+        phase: MigrationPhase,
+        /// What arrived.
+        got: String,
+    },
+    /// The state machine refused or a device arc failed.
+    #[error("device state machine during {phase}: {source}")]
+    Device {
+        /// Phase.
+        phase: MigrationPhase,
+        /// The state machine's error.
+        #[source]
+        source: TargetError,
+    },
+    /// The VM model failed.
+    #[error("VM during {phase}: {source}")]
+    Vm {
+        /// Phase.
+        phase: MigrationPhase,
+        /// The model's error.
+        #[source]
+        source: VmError,
+    },
+    /// A bad configuration.
+    #[error("configuration: {0}")]
+    Config(String),
+}
+
+/// Result of engine operations.
+pub type Result<T> = std::result::Result<T, MigrationError>;
+
+/// Knobs of a migration.
+#[derive(Debug, Clone)]
+pub struct MigrationConfig {
+    /// The policy.
+    pub policy: Policy,
+    /// In-flight workloads allowed to finish after the stop (the rest is carried across).
+    pub max_drain: usize,
+    /// Pages per page batch.
+    pub batch_pages: usize,
+    /// Run one workload step after every this many pre-copy batches (0: never).
+    pub step_every_batches: u64,
+    /// Iterative: most rounds after the first pass.
+    pub max_rounds: u32,
+    /// Iterative: stop iterating when a round would resend this many pages or fewer.
+    pub converge_pages: u64,
+    /// Threads hashing in downtime.
+    pub hash_threads: usize,
+    /// Bounds the destination enforces on the stream.
+    pub limits: StreamLimits,
+    /// How long either end waits for the other before giving up.
+    pub timeout: Duration,
+    /// Bytes per read from the device and per write to the connection.
+    pub chunk: usize,
+}
+
+impl MigrationConfig {
+    /// Defaults for `policy`: drain at most 2 workloads, 256-page batches, one workload step per
+    /// batch, iterative up to 8 rounds or 64 pages, all cores hashing, 30 s timeouts.
+    pub fn new(policy: Policy) -> Self {
+        Self {
+            policy,
+            max_drain: 2,
+            batch_pages: 256,
+            step_every_batches: 1,
+            max_rounds: 8,
+            converge_pages: 64,
+            hash_threads: std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+            limits: StreamLimits::default(),
+            timeout: Duration::from_secs(30),
+            chunk: 256 * 1024,
+        }
+    }
+}
+
+/// A moment of the source's progress, for progress bars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Phase.
+    pub phase: MigrationPhase,
+    /// Bytes on the wire so far.
+    pub bytes: u64,
+    /// Page records sent so far.
+    pub pages: u64,
+    /// Pages of the first pass (an estimate of the total).
+    pub pages_hint: u64,
+}
+
+/// What a migration measured, on the source (times in milliseconds).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MigrationReport {
+    /// Policy used.
+    pub policy: Policy,
+    /// Source stop to destination resume (as the source sees the Resumed message).
+    pub downtime_ms: f64,
+    /// Quiescing the vGPU: stopping submissions, the bounded drain, capturing device state.
+    pub quiesce_ms: f64,
+    /// Busy time of the downtime hash pipeline (overlapped with `transfer_ms`).
+    pub hash_ms: f64,
+    /// From the end of quiesce to the last stop-copy byte written.
+    pub transfer_ms: f64,
+    /// Destination: applying the device state.
+    pub restore_ms: f64,
+    /// Destination: GGTT remapping.
+    pub remap_ms: f64,
+    /// Pre-copy duration (VM running).
+    pub precopy_ms: f64,
+    /// Whole migration, first byte to resume.
+    pub total_ms: f64,
+    /// Pre-copy rounds.
+    pub rounds: u32,
+    /// Workload steps the guest ran during pre-copy.
+    pub steps_during_precopy: u64,
+    /// Workloads drained after the stop.
+    pub drained_workloads: u64,
+    /// Page records sent while running.
+    pub pages_precopy: u64,
+    /// Page records sent in downtime.
+    pub pages_stop_copy: u64,
+    /// All page records.
+    pub pages_total: u64,
+    /// Zero-page markers among them.
+    pub zero_pages: u64,
+    /// Pages re-hashed in downtime.
+    pub pages_rehashed: u64,
+    /// Whether narrowing widened to every page.
+    pub widened: bool,
+    /// Bytes written while running.
+    pub bytes_precopy: u64,
+    /// Bytes written in downtime.
+    pub bytes_stop_copy: u64,
+    /// All bytes the source wrote.
+    pub bytes_on_wire: u64,
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub(crate) fn ns_ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}

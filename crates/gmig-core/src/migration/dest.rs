@@ -1,0 +1,283 @@
+//! The resuming side of the engine: a stream received into private memory, restored only once
+//! the whole of it has validated.
+
+use gmig_vfio_migration::{
+    ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, RunControl, StateLoader,
+    StateSaver,
+};
+use vm_memory::{Bytes, GuestMemoryMmap};
+
+use super::vm::{MigratableVm, RestoreTimes, VmFactory};
+use crate::stream::{
+    PageData, Section, StateKind, StreamDecoder, StreamError, StreamLimits, PAGE_SIZE,
+};
+
+/// Resuming side: receives a stream into private memory and restores a VM from it only once the
+/// whole stream has validated.
+pub struct DestDevice<F: VmFactory> {
+    factory: F,
+    limits: StreamLimits,
+    decoder: Option<StreamDecoder>,
+    memory: Option<GuestMemoryMmap>,
+    states: Vec<(StateKind, Vec<u8>)>,
+    vm: Option<F::Vm>,
+    times: RestoreTimes,
+    pages: u64,
+    /// Frames written in this session (the factory's memory starts zero-filled).
+    written: Vec<bool>,
+}
+
+impl<F: VmFactory> std::fmt::Debug for DestDevice<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DestDevice")
+            .field("pages", &self.pages)
+            .field("restored", &self.vm.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad_stream(e: StreamError) -> DeviceError {
+    let offset = match e {
+        StreamError::Truncated { offset, .. }
+        | StreamError::Io { offset, .. }
+        | StreamError::BadHeaderField { offset, .. }
+        | StreamError::UnknownSection { offset, .. }
+        | StreamError::UnsupportedSectionVersion { offset, .. }
+        | StreamError::SectionFlags { offset, .. }
+        | StreamError::SectionTooLarge { offset, .. }
+        | StreamError::SectionChecksum { offset, .. }
+        | StreamError::StreamTooLarge { offset, .. }
+        | StreamError::BadPageBatch { offset, .. }
+        | StreamError::PageOutOfRange { offset, .. }
+        | StreamError::BadPageEncoding { offset, .. }
+        | StreamError::EndMismatch { offset, .. }
+        | StreamError::DuplicateSection { offset, .. }
+        | StreamError::MissingSection { offset, .. }
+        | StreamError::TrailingBytes { offset, .. }
+        | StreamError::DecoderOverrun { offset } => offset,
+        _ => 0,
+    };
+    DeviceError::BadStream {
+        offset,
+        reason: e.to_string(),
+    }
+}
+
+impl<F: VmFactory> DestDevice<F> {
+    /// A destination that builds its VM with `factory` and bounds the stream by `limits`.
+    pub fn new(factory: F, limits: StreamLimits) -> Self {
+        Self {
+            factory,
+            limits,
+            decoder: None,
+            memory: None,
+            states: Vec::new(),
+            vm: None,
+            times: RestoreTimes::default(),
+            pages: 0,
+            written: Vec::new(),
+        }
+    }
+
+    /// Whether the stream's header has arrived and was accepted.
+    pub fn header_accepted(&self) -> bool {
+        self.decoder.as_ref().is_some_and(|d| d.header().is_some())
+    }
+
+    /// Whether END has arrived (the stream is complete and consistent).
+    pub fn stream_complete(&self) -> bool {
+        self.decoder
+            .as_ref()
+            .is_some_and(|d| d.finished().is_some())
+    }
+
+    /// Whether a restored VM exists.
+    pub fn restored(&self) -> bool {
+        self.vm.is_some()
+    }
+
+    /// Restore and remap times of the last restore.
+    pub fn times(&self) -> RestoreTimes {
+        self.times
+    }
+
+    /// Page records received.
+    pub fn pages_received(&self) -> u64 {
+        self.pages
+    }
+
+    /// Take the restored VM (after RESUMING → STOP succeeded).
+    pub fn take_vm(&mut self) -> Option<F::Vm> {
+        self.vm.take()
+    }
+
+    fn discard(&mut self) {
+        self.decoder = None;
+        self.memory = None;
+        self.states.clear();
+        self.pages = 0;
+        self.written = Vec::new();
+    }
+
+    fn apply(&mut self, section: Section) -> Result<(), DeviceError> {
+        match section {
+            Section::Pages(batch) => {
+                let mem = self
+                    .memory
+                    .as_ref()
+                    .ok_or(DeviceError::Failed("no staging memory".into()))?;
+                let zero = [0u8; PAGE_SIZE];
+                for (gfn, data) in batch.iter() {
+                    let slot = usize::try_from(gfn.0).ok();
+                    let seen = slot.and_then(|i| self.written.get(i)).copied();
+                    let page = match data {
+                        // Fresh guest memory reads as zero: a zero page for a frame this stream
+                        // has not written yet needs no write (and no page fault).
+                        PageData::Zero if seen == Some(false) => {
+                            self.pages += 1;
+                            continue;
+                        }
+                        PageData::Zero => &zero,
+                        PageData::Full(p) => p,
+                    };
+                    let addr = gfn
+                        .addr()
+                        .ok_or(DeviceError::Failed("frame overflow".into()))?;
+                    mem.write_slice(page, addr)
+                        .map_err(|e| DeviceError::BadStream {
+                            offset: 0,
+                            reason: format!("frame 0x{:x} not in guest memory: {e}", gfn.0),
+                        })?;
+                    if let Some(w) = slot.and_then(|i| self.written.get_mut(i)) {
+                        *w = true;
+                    }
+                    self.pages += 1;
+                }
+            }
+            Section::State { kind, payload } => self.states.push((kind, payload)),
+            Section::End(_) => {}
+        }
+        Ok(())
+    }
+}
+
+impl<F: VmFactory> RunControl for DestDevice<F> {
+    fn stop(&mut self) -> ArcResult {
+        Ok(())
+    }
+
+    fn run(&mut self) -> ArcResult {
+        if let Some(vm) = self.vm.as_mut() {
+            vm.unquiesce()
+                .map_err(|e| ArcFailure::rolled_back(DeviceError::Failed(e.to_string())))?;
+        }
+        Ok(())
+    }
+
+    fn reset(&mut self) -> gmig_vfio_migration::device::Result<()> {
+        self.discard();
+        self.vm = None;
+        Ok(())
+    }
+}
+
+impl<F: VmFactory> StateSaver for DestDevice<F> {
+    fn start_stop_copy(&mut self) -> ArcResult {
+        Err(ArcFailure::rolled_back(DeviceError::NotSupported(
+            "saving on a destination",
+        )))
+    }
+
+    fn save_read(&mut self, _buf: &mut [u8]) -> gmig_vfio_migration::device::Result<usize> {
+        Err(DeviceError::NotSupported("saving on a destination"))
+    }
+
+    fn stop_copy_size(&mut self) -> gmig_vfio_migration::device::Result<u64> {
+        Ok(0)
+    }
+}
+
+impl<F: VmFactory> StateLoader for DestDevice<F> {
+    fn start_resuming(&mut self) -> ArcResult {
+        self.discard();
+        self.vm = None;
+        self.decoder = Some(StreamDecoder::new(
+            self.limits,
+            Some(self.factory.compatibility()),
+        ));
+        Ok(())
+    }
+
+    fn resume_write(&mut self, data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
+        // Feed in slices no larger than one maximal section so the decoder's bound holds.
+        let step = (self.limits.max_section_len as usize).max(4096);
+        for piece in data.chunks(step) {
+            let decoder = self
+                .decoder
+                .as_mut()
+                .ok_or(DeviceError::Failed("not resuming".into()))?;
+            decoder.feed(piece).map_err(bad_stream)?;
+            loop {
+                let decoder = self
+                    .decoder
+                    .as_mut()
+                    .ok_or(DeviceError::Failed("not resuming".into()))?;
+                let section = decoder.next_section().map_err(bad_stream)?;
+                if self.memory.is_none() {
+                    if let Some(header) = decoder.header().copied() {
+                        let mem = self
+                            .factory
+                            .create_memory(&header)
+                            .map_err(|e| DeviceError::Failed(e.to_string()))?;
+                        self.memory = Some(mem);
+                        // Bounded: the header's guest size passed `max_guest_pages`.
+                        self.written =
+                            vec![false; usize::try_from(header.guest_pages).unwrap_or(0)];
+                    }
+                }
+                match section {
+                    Some(s) => self.apply(s)?,
+                    None => break,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_resuming(&mut self) -> ArcResult {
+        let fail =
+            |reason: String| ArcFailure::rolled_back(DeviceError::BadStream { offset: 0, reason });
+        let Some(decoder) = self.decoder.as_ref() else {
+            return Err(fail("no stream received".into()));
+        };
+        if decoder.finished().is_none() {
+            let at = decoder.bytes_fed();
+            self.discard();
+            return Err(ArcFailure::rolled_back(DeviceError::BadStream {
+                offset: at,
+                reason: "stream incomplete: END missing".into(),
+            }));
+        }
+        let header = *decoder.header().ok_or_else(|| fail("no header".into()))?;
+        let Some(memory) = self.memory.take() else {
+            return Err(fail("no memory".into()));
+        };
+        let states = std::mem::take(&mut self.states);
+        match self.factory.restore(&header, memory, &states) {
+            Ok((vm, times)) => {
+                self.vm = Some(vm);
+                self.times = times;
+                self.decoder = None;
+                Ok(())
+            }
+            Err(e) => {
+                self.discard();
+                Err(fail(format!("restore refused: {e}")))
+            }
+        }
+    }
+}
+
+impl<F: VmFactory> DirtyLogging for DestDevice<F> {}
+
+impl<F: VmFactory> MigrationDevice for DestDevice<F> {}

@@ -1,0 +1,461 @@
+//! The two-process engine: the source and destination ends of a migration over a connection.
+
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+use gmig_vfio_migration::handle::HandleError;
+use gmig_vfio_migration::{
+    DeviceState, MigrationHandle, MigrationTarget, ReadOutcome, TargetError,
+};
+
+use super::config::{
+    ms, ns_ms, MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy, Progress,
+    Result,
+};
+use super::dest::DestDevice;
+use super::source::SourceDevice;
+use super::vm::{MigratableVm, RestoreTimes, VmFactory};
+use crate::stream::{Control, HEADER_LEN};
+use crate::transport::{Connection, Counted};
+
+/// Build the source handle for `vm` (the VM stays inside; take it back with
+/// `handle.into_device().into_vm()`).
+pub fn source_handle<V: MigratableVm>(
+    vm: V,
+    cfg: &MigrationConfig,
+) -> Result<MigrationHandle<SourceDevice<V>>> {
+    let dev = SourceDevice::new(
+        vm,
+        cfg.policy,
+        cfg.max_drain,
+        cfg.batch_pages,
+        cfg.hash_threads,
+    )
+    .map_err(|e| MigrationError::Config(e.to_string()))?;
+    MigrationHandle::new(dev).map_err(|e| MigrationError::Device {
+        phase: MigrationPhase::Handshake,
+        source: TargetError::Handle(e),
+    })
+}
+
+fn dev_err(phase: MigrationPhase) -> impl Fn(TargetError) -> MigrationError {
+    move |source| MigrationError::Device { phase, source }
+}
+
+fn io_err(phase: MigrationPhase) -> impl Fn(io::Error) -> MigrationError {
+    move |source| MigrationError::Transport { phase, source }
+}
+
+fn read_control<C: Read>(conn: &mut C, phase: MigrationPhase) -> Result<Control> {
+    Control::read_from(conn).map_err(|e| match e {
+        crate::stream::StreamError::Truncated { .. } => MigrationError::Closed { phase },
+        crate::stream::StreamError::Io { kind, .. } => MigrationError::Transport {
+            phase,
+            source: io::Error::from(kind),
+        },
+        other => MigrationError::Protocol {
+            phase,
+            source: other,
+        },
+    })
+}
+
+fn expect_control<C: Read>(conn: &mut C, phase: MigrationPhase, want: &Control) -> Result<Control> {
+    match read_control(conn, phase)? {
+        Control::Rejected(reason) => Err(MigrationError::Rejected { phase, reason }),
+        got if std::mem::discriminant(&got) == std::mem::discriminant(want) => Ok(got),
+        got => Err(MigrationError::Unexpected {
+            phase,
+            got: format!("{got:?}"),
+        }),
+    }
+}
+
+/// Migrate the VM inside `handle` (which must be RUNNING) over `conn`.
+///
+/// On success the source is left in STOP (the vGPU runs on the destination). On failure before
+/// the commit the source is back in RUNNING with its workload and queue intact, and the error
+/// says in which phase and why.
+pub fn migrate_source<V: MigratableVm, C: Connection>(
+    handle: &mut MigrationHandle<SourceDevice<V>>,
+    conn: C,
+    cfg: &MigrationConfig,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<MigrationReport> {
+    let mut conn = Counted::new(conn);
+    let mut committed = false;
+    let mut result = run_source(handle, &mut conn, cfg, progress, &mut committed);
+    if let Err(MigrationError::Transport { phase, .. } | MigrationError::Closed { phase }) = &result
+    {
+        let phase = *phase;
+        // A destination that refuses the stream says why before it hangs up; a write that failed
+        // because of that should report the reason, not just the broken pipe.
+        if conn
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .is_ok()
+        {
+            if let Ok(Control::Rejected(reason)) = Control::read_from(&mut conn) {
+                result = Err(MigrationError::Rejected { phase, reason });
+            }
+        }
+    }
+    if let (Err(e), false) = (&result, committed) {
+        tracing::warn!(error = %e, "migration failed; returning the source to RUNNING");
+        let _ = conn.shutdown();
+        // Back to RUNNING: from PRE_COPY by aborting it, from STOP_COPY through STOP; a device in
+        // ERROR is reset (which also resumes it).
+        let back = if MigrationTarget::state(handle).ok() == Some(DeviceState::Error) {
+            MigrationTarget::reset(handle)
+        } else {
+            MigrationTarget::set_state(handle, DeviceState::Running)
+        };
+        if back.is_err() {
+            let _ = MigrationTarget::reset(handle);
+        }
+    }
+    result
+}
+
+fn run_source<V: MigratableVm, C: Connection>(
+    handle: &mut MigrationHandle<SourceDevice<V>>,
+    conn: &mut Counted<C>,
+    cfg: &MigrationConfig,
+    progress: &mut dyn FnMut(&Progress),
+    committed: &mut bool,
+) -> Result<MigrationReport> {
+    use MigrationPhase as P;
+    let counters = conn.counters();
+    conn.set_read_timeout(Some(cfg.timeout))
+        .and_then(|()| conn.set_write_timeout(Some(cfg.timeout)))
+        .map_err(io_err(P::Handshake))?;
+    let t_start = Instant::now();
+    let pages_hint = handle.device().vm().migratable_pages().len() as u64;
+    let mut buf = vec![0u8; cfg.chunk.max(HEADER_LEN)];
+    let mut steps = 0u64;
+    let mut report_progress = |handle: &MigrationHandle<SourceDevice<V>>, phase| {
+        let s = handle.device().stats();
+        progress(&Progress {
+            phase,
+            bytes: counters.sent(),
+            pages: s.pages_precopy + s.pages_stop_copy,
+            pages_hint,
+        });
+    };
+
+    let handshake = |handle: &mut MigrationHandle<SourceDevice<V>>,
+                     conn: &mut Counted<C>,
+                     buf: &mut [u8]|
+     -> Result<()> {
+        let mut got = 0;
+        while got < HEADER_LEN {
+            match MigrationTarget::read_data(handle, &mut buf[got..HEADER_LEN])
+                .map_err(dev_err(P::Handshake))?
+            {
+                ReadOutcome::Data(n) => got += n,
+                other => {
+                    return Err(MigrationError::Unexpected {
+                        phase: P::Handshake,
+                        got: format!("{other:?} before the header was complete"),
+                    })
+                }
+            }
+        }
+        conn.write_all(&buf[..HEADER_LEN])
+            .and_then(|()| conn.flush())
+            .map_err(io_err(P::Handshake))?;
+        expect_control(conn, P::Handshake, &Control::HeaderAccepted)?;
+        Ok(())
+    };
+
+    let precopy = cfg.policy != Policy::StopAndCopy;
+    let t_stop;
+    let bytes_precopy;
+    if precopy {
+        MigrationTarget::set_state(handle, DeviceState::PreCopy).map_err(dev_err(P::PreCopy))?;
+        tracing::debug!(
+            policy = cfg.policy.name(),
+            pages = pages_hint,
+            "pre-copy started"
+        );
+        handshake(handle, conn, &mut buf)?;
+        let mut batches_seen = 0u64;
+        loop {
+            match MigrationTarget::read_data(handle, &mut buf).map_err(dev_err(P::PreCopy))? {
+                ReadOutcome::Data(n) => {
+                    conn.write_all(&buf[..n]).map_err(io_err(P::PreCopy))?;
+                    let batches = handle.device().stats().precopy_batches;
+                    while batches_seen < batches {
+                        batches_seen += 1;
+                        if cfg.step_every_batches > 0
+                            && batches_seen.is_multiple_of(cfg.step_every_batches)
+                        {
+                            handle.device_mut().vm_mut().step().map_err(|source| {
+                                MigrationError::Vm {
+                                    phase: P::PreCopy,
+                                    source,
+                                }
+                            })?;
+                            steps += 1;
+                        }
+                    }
+                    report_progress(handle, P::PreCopy);
+                }
+                ReadOutcome::NoDataNow => {
+                    let rounds = handle.device().stats().rounds;
+                    if cfg.policy == Policy::Iterative && rounds <= cfg.max_rounds {
+                        let queued =
+                            handle
+                                .device_mut()
+                                .next_round(cfg.converge_pages)
+                                .map_err(|e| MigrationError::Device {
+                                    phase: P::PreCopy,
+                                    source: TargetError::Handle(HandleError::Device(e)),
+                                })?;
+                        if queued > 0 {
+                            continue;
+                        }
+                    }
+                    break;
+                }
+                ReadOutcome::End => {
+                    return Err(MigrationError::Unexpected {
+                        phase: P::PreCopy,
+                        got: "end of stream in PRE_COPY".into(),
+                    })
+                }
+            }
+        }
+        conn.flush().map_err(io_err(P::PreCopy))?;
+        bytes_precopy = counters.sent();
+        tracing::debug!(
+            bytes = bytes_precopy,
+            steps,
+            "pre-copy done; stopping the vGPU"
+        );
+        t_stop = Instant::now();
+        MigrationTarget::set_state(handle, DeviceState::StopCopy).map_err(dev_err(P::StopCopy))?;
+    } else {
+        t_stop = Instant::now();
+        MigrationTarget::set_state(handle, DeviceState::StopCopy).map_err(dev_err(P::StopCopy))?;
+        handshake(handle, conn, &mut buf)?;
+        bytes_precopy = 0;
+    }
+    let t_quiesced = Instant::now();
+
+    loop {
+        match MigrationTarget::read_data(handle, &mut buf).map_err(dev_err(P::StopCopy))? {
+            ReadOutcome::Data(n) => {
+                conn.write_all(&buf[..n]).map_err(io_err(P::StopCopy))?;
+                report_progress(handle, P::StopCopy);
+            }
+            ReadOutcome::End => break,
+            ReadOutcome::NoDataNow => {
+                return Err(MigrationError::Unexpected {
+                    phase: P::StopCopy,
+                    got: "no-data in STOP_COPY".into(),
+                })
+            }
+        }
+    }
+    conn.flush().map_err(io_err(P::StopCopy))?;
+    let t_sent = Instant::now();
+    let bytes_total = counters.sent();
+    tracing::debug!(
+        bytes = bytes_total,
+        "stop-copy sent; waiting for the destination"
+    );
+
+    expect_control(conn, P::Restore, &Control::Restored)?;
+    Control::Commit.write_to(conn).map_err(io_err(P::Commit))?;
+    *committed = true;
+    tracing::debug!("committed: the vGPU belongs to the destination");
+    let stats = handle.device().stats();
+    // The session is over on this side; the source stays stopped.
+    MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Commit))?;
+    let (restore_ns, remap_ns) = match expect_control(
+        conn,
+        P::Resume,
+        &Control::Resumed {
+            restore_ns: 0,
+            remap_ns: 0,
+        },
+    )? {
+        Control::Resumed {
+            restore_ns,
+            remap_ns,
+        } => (restore_ns, remap_ns),
+        _ => (0, 0),
+    };
+    let t_resumed = Instant::now();
+    report_progress(handle, P::Resume);
+
+    Ok(MigrationReport {
+        policy: cfg.policy,
+        downtime_ms: ms(t_resumed - t_stop),
+        quiesce_ms: ns_ms(stats.quiesce_ns),
+        hash_ms: ns_ms(stats.hash_ns),
+        transfer_ms: ms(t_sent.saturating_duration_since(t_quiesced)),
+        restore_ms: ns_ms(restore_ns),
+        remap_ms: ns_ms(remap_ns),
+        precopy_ms: ms(t_stop - t_start),
+        total_ms: ms(t_resumed - t_start),
+        rounds: stats.rounds,
+        steps_during_precopy: steps,
+        drained_workloads: stats.drained,
+        pages_precopy: stats.pages_precopy,
+        pages_stop_copy: stats.pages_stop_copy,
+        pages_total: stats.pages_precopy + stats.pages_stop_copy,
+        zero_pages: stats.zero_pages,
+        pages_rehashed: stats.rehashed,
+        widened: stats.widened,
+        bytes_precopy,
+        bytes_stop_copy: bytes_total - bytes_precopy,
+        bytes_on_wire: counters.sent(),
+    })
+}
+
+/// What the destination measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DestReport {
+    /// Page records received.
+    pub pages: u64,
+    /// Bytes received.
+    pub bytes: u64,
+    /// Restore and remap times.
+    pub times: RestoreTimes,
+}
+
+/// Receive a migration on `conn` and return the restored, running VM.
+///
+/// Nothing is built until every section has validated; on any failure the received memory and
+/// state are dropped, the source is told why (when the connection still works), and the error is
+/// returned.
+pub fn migrate_destination<F: VmFactory, C: Connection>(
+    factory: F,
+    conn: C,
+    cfg: &MigrationConfig,
+) -> Result<(F::Vm, DestReport)> {
+    let mut conn = Counted::new(conn);
+    let mut handle = MigrationHandle::new(DestDevice::new(factory, cfg.limits)).map_err(|e| {
+        MigrationError::Device {
+            phase: MigrationPhase::Handshake,
+            source: TargetError::Handle(e),
+        }
+    })?;
+    let result = run_destination(&mut handle, &mut conn, cfg);
+    if let Err(e) = &result {
+        if !matches!(
+            e,
+            MigrationError::Transport { .. } | MigrationError::Closed { .. }
+        ) {
+            let _ = Control::Rejected(e.to_string()).write_to(&mut conn);
+        }
+        let _ = conn.shutdown();
+    }
+    result
+}
+
+fn run_destination<F: VmFactory, C: Connection>(
+    handle: &mut MigrationHandle<DestDevice<F>>,
+    conn: &mut Counted<C>,
+    cfg: &MigrationConfig,
+) -> Result<(F::Vm, DestReport)> {
+    use MigrationPhase as P;
+    let counters = conn.counters();
+    conn.set_read_timeout(Some(cfg.timeout))
+        .and_then(|()| conn.set_write_timeout(Some(cfg.timeout)))
+        .map_err(io_err(P::Handshake))?;
+    MigrationTarget::set_state(handle, DeviceState::Resuming).map_err(dev_err(P::Handshake))?;
+
+    let mut head = [0u8; HEADER_LEN];
+    conn.read_exact(&mut head).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => MigrationError::Closed {
+            phase: P::Handshake,
+        },
+        _ => MigrationError::Transport {
+            phase: P::Handshake,
+            source: e,
+        },
+    })?;
+    MigrationTarget::write_data(handle, &head).map_err(dev_err(P::Handshake))?;
+    if !handle.device().header_accepted() {
+        return Err(MigrationError::Unexpected {
+            phase: P::Handshake,
+            got: "header not accepted".into(),
+        });
+    }
+    Control::HeaderAccepted
+        .write_to(conn)
+        .map_err(io_err(P::Handshake))?;
+
+    let mut buf = vec![0u8; cfg.chunk.max(4096)];
+    while !handle.device().stream_complete() {
+        let n = conn.read(&mut buf).map_err(io_err(P::StopCopy))?;
+        if n == 0 {
+            return Err(MigrationError::Closed { phase: P::StopCopy });
+        }
+        MigrationTarget::write_data(handle, &buf[..n]).map_err(dev_err(P::StopCopy))?;
+    }
+    MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Restore))?;
+    Control::Restored
+        .write_to(conn)
+        .map_err(io_err(P::Restore))?;
+    expect_control(conn, P::Commit, &Control::Commit)?;
+    MigrationTarget::set_state(handle, DeviceState::Running).map_err(dev_err(P::Resume))?;
+    let times = handle.device().times();
+    let pages = handle.device().pages_received();
+    let vm = handle
+        .device_mut()
+        .take_vm()
+        .ok_or(MigrationError::Unexpected {
+            phase: P::Resume,
+            got: "no restored VM".into(),
+        })?;
+    // The vGPU runs here now; a lost Resumed only costs the source its downtime figure.
+    let _ = Control::Resumed {
+        restore_ns: times.restore_ns,
+        remap_ns: times.remap_ns,
+    }
+    .write_to(conn);
+    Ok((
+        vm,
+        DestReport {
+            pages,
+            bytes: counters.received(),
+            times,
+        },
+    ))
+}
+
+impl From<&MigrationError> for MigrationPhase {
+    fn from(e: &MigrationError) -> Self {
+        match e {
+            MigrationError::Transport { phase, .. }
+            | MigrationError::Closed { phase }
+            | MigrationError::Rejected { phase, .. }
+            | MigrationError::Protocol { phase, .. }
+            | MigrationError::Unexpected { phase, .. }
+            | MigrationError::Device { phase, .. }
+            | MigrationError::Vm { phase, .. } => *phase,
+            MigrationError::Config(_) => MigrationPhase::Handshake,
+        }
+    }
+}
+
+/// Write helper used by tests and tools: a whole stream of `vm`'s current state, as stop-and-copy
+/// would send it (the VM is quiesced and resumed around it).
+pub fn record_stream<V: MigratableVm>(vm: V, cfg: &MigrationConfig) -> Result<(Vec<u8>, V)> {
+    let mut handle = source_handle(vm, cfg)?;
+    MigrationTarget::set_state(&mut handle, DeviceState::StopCopy)
+        .map_err(dev_err(MigrationPhase::StopCopy))?;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while let ReadOutcome::Data(n) = MigrationTarget::read_data(&mut handle, &mut buf)
+        .map_err(dev_err(MigrationPhase::StopCopy))?
+    {
+        out.extend_from_slice(&buf[..n]);
+    }
+    MigrationTarget::set_state(&mut handle, DeviceState::Running)
+        .map_err(dev_err(MigrationPhase::StopCopy))?;
+    Ok((out, handle.into_device().into_vm()))
+}

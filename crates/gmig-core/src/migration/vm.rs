@@ -1,0 +1,96 @@
+//! The device-facing traits: what the engine needs from a migratable device and how a
+//! destination builds one.
+
+use vm_memory::GuestMemoryMmap;
+
+use crate::stream::{Compatibility, Gfn, StateKind, StreamHeader};
+
+/// Pages the guest may have written since write tracking started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Candidates {
+    /// Exactly these pages may have changed (a superset of the truth).
+    Pages(Vec<Gfn>),
+    /// Some write set was not understood: any page may have changed.
+    Unknown,
+}
+
+/// What a stop's drain may write ([`MigratableVm::drain_writes`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainWrites {
+    /// Guest frames the drained workloads' known write sets (and their completion records)
+    /// cover.
+    pub pages: Vec<Gfn>,
+    /// Further pages, by count only: an estimate for workloads whose write set is not known
+    /// page by page.
+    pub more: u64,
+    /// The frames those `more` pages must be among (what the device can reach at all, e.g. the
+    /// frames its GTTs map); `None`: any guest frame.
+    pub within: Option<Vec<Gfn>>,
+}
+
+/// A failure inside the VM model (the vGPU and its guest).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct VmError(pub String);
+
+/// What the engine needs from a VM whose vGPU it migrates: guest memory, the workload, the
+/// quiesce/drain, the candidate set for narrowing, and the device state.
+pub trait MigratableVm: Send {
+    /// The stream header describing this vGPU (generation, type, slices, guest size).
+    fn stream_header(&self) -> StreamHeader;
+    /// Guest memory.
+    fn memory(&self) -> &GuestMemoryMmap;
+    /// Guest frames the migration carries (the GTT-backed pages, and any the guest uses).
+    fn migratable_pages(&self) -> Vec<Gfn>;
+    /// Run the guest workload one step (a frame) while it is running.
+    fn step(&mut self) -> std::result::Result<(), VmError>;
+    /// Start recording the candidate set: pages written by executed commands and by the CPU.
+    fn start_write_tracking(&mut self);
+    /// Stop recording and forget the candidate set.
+    fn stop_write_tracking(&mut self);
+    /// The candidate set since `start_write_tracking`.
+    fn write_candidates(&mut self) -> Candidates;
+    /// Stop accepting submissions and let at most `max_drain` in-flight workloads finish; the
+    /// rest stays queued (and is carried in the device state). Returns how many finished.
+    fn quiesce(&mut self, max_drain: usize) -> std::result::Result<usize, VmError>;
+    /// What the first `max_drain` queued workloads may write (a stop lets a drain run them),
+    /// for the MIG_DATA_SIZE estimate; `None` when that cannot be said, which makes the estimate
+    /// count every sent page as rewritten. The default is `None`.
+    fn drain_writes(&self, max_drain: usize) -> Option<DrainWrites> {
+        let _ = max_drain;
+        None
+    }
+    /// Accept submissions again (after a failed migration, or on the destination).
+    fn unquiesce(&mut self) -> std::result::Result<(), VmError>;
+    /// The device state, one payload per [`StateKind`].
+    fn save_state(&self) -> std::result::Result<Vec<(StateKind, Vec<u8>)>, VmError>;
+}
+
+/// How a destination builds a VM from a stream.
+pub trait VmFactory: Send {
+    /// The VM type built.
+    type Vm: MigratableVm;
+    /// What this destination accepts.
+    fn compatibility(&self) -> Compatibility;
+    /// Private, zero-filled guest memory for the incoming stream (nobody runs on it until
+    /// restore; zero pages for frames not yet written are not written again).
+    fn create_memory(
+        &mut self,
+        header: &StreamHeader,
+    ) -> std::result::Result<GuestMemoryMmap, VmError>;
+    /// Build the VM from the received memory and state, remapping onto this host's slices.
+    fn restore(
+        &mut self,
+        header: &StreamHeader,
+        memory: GuestMemoryMmap,
+        states: &[(StateKind, Vec<u8>)],
+    ) -> std::result::Result<(Self::Vm, RestoreTimes), VmError>;
+}
+/// Restore and remap times the destination reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreTimes {
+    /// Applying the device-state sections, ns.
+    pub restore_ns: u64,
+    /// Rebasing GGTT addresses onto the destination slices, ns.
+    pub remap_ns: u64,
+}
