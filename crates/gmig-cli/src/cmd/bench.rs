@@ -33,7 +33,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
             hash(*size_mib, options, *reps, json)
         }
         BenchWhat::Migrate(a) => super::bench_migrate::migrate(a, json),
-        BenchWhat::Paper(a) => super::bench_migrate::paper(a, json),
+        BenchWhat::Paper(a) => super::bench_paper::paper(a, json),
     }
 }
 

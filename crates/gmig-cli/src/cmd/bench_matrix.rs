@@ -1,0 +1,349 @@
+//! The `gmig bench` matrix: cases from the command line, rows condensed from their samples.
+
+use anyhow::{anyhow, bail, Context};
+use gmig_core::migration::Policy;
+use gmig_vgpu::gm::VgpuType;
+use gmig_vgpu::migratable::{parse_vgpu_type, type_id};
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{run_case, BenchCase, BenchSample, Summary};
+use crate::cli::{BenchCommonArgs, ProfileArg};
+
+/// gMig's published average downtimes (VEE'18), ms.
+pub const PAPER_WINDOWS_MS: f64 = 302.0;
+/// gMig, Linux guests.
+pub const PAPER_LINUX_MS: f64 = 119.0;
+/// gMig: share of pages spared in downtime by software dirty pages, percent.
+pub const PAPER_SPARED_PCT: f64 = 80.0;
+
+fn profile_of(p: ProfileArg) -> Profile {
+    match p {
+        ProfileArg::Idle => Profile::Idle,
+        ProfileArg::Desktop => Profile::Desktop,
+        ProfileArg::ThreeD => Profile::ThreeD,
+        ProfileArg::Video => Profile::Video,
+        ProfileArg::Compute => Profile::Compute,
+    }
+}
+
+fn type_name(ty: VgpuType) -> String {
+    let id = type_id(ty);
+    format!("{}+{}", id.aperture_mib, id.hidden_mib)
+}
+
+pub(crate) fn link_name(l: Option<f64>) -> String {
+    l.map_or_else(|| "unlimited".to_owned(), |g| format!("{g} Gbit/s"))
+}
+
+fn parse_link(s: &str) -> anyhow::Result<Option<f64>> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("inf") {
+        return Ok(None);
+    }
+    let g: f64 = t
+        .trim_end_matches("gbit/s")
+        .trim_end_matches('G')
+        .parse()
+        .with_context(|| format!("link speed `{s}`: expected `unlimited` or Gbit/s"))?;
+    if !(g.is_finite() && g > 0.0) {
+        bail!("link speed `{s}` must be a positive number of Gbit/s");
+    }
+    Ok(Some(g))
+}
+
+/// The matrix a run covers.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Matrix {
+    pub(crate) profiles: Vec<Profile>,
+    pub(crate) types: Vec<String>,
+    #[serde(skip)]
+    pub(crate) vgpu_types: Vec<VgpuType>,
+    pub(crate) policies: Vec<Policy>,
+    pub(crate) links: Vec<Option<f64>>,
+    pub(crate) reps: usize,
+    pub(crate) threads: usize,
+    pub(crate) seed: u64,
+    pub(crate) ram_mib: Option<u64>,
+    pub(crate) small_workload: bool,
+    pub(crate) sync_precopy: bool,
+    pub(crate) touch_memory: bool,
+    /// Extra (profile, type, policy, link) cases beyond the cross product.
+    #[serde(skip)]
+    pub(crate) extra: Vec<(Profile, VgpuType, Policy, Option<f64>)>,
+}
+
+impl Matrix {
+    pub(crate) fn from_common(
+        c: &BenchCommonArgs,
+        policies: Vec<Policy>,
+        profiles: Vec<Profile>,
+        types: Vec<VgpuType>,
+        links: Vec<Option<f64>>,
+        reps: usize,
+    ) -> anyhow::Result<Matrix> {
+        let profiles = if c.profiles.is_empty() {
+            profiles
+        } else {
+            c.profiles.iter().map(|p| profile_of(*p)).collect()
+        };
+        let vgpu_types = if c.types.is_empty() {
+            types
+        } else {
+            c.types
+                .iter()
+                .map(|t| {
+                    parse_vgpu_type(t.trim()).ok_or_else(|| {
+                        anyhow!("unknown vGPU type `{t}` (64+384, 128+512, 256+1024, 512+2048)")
+                    })
+                })
+                .collect::<anyhow::Result<_>>()?
+        };
+        let links = if c.links.is_empty() {
+            links
+        } else {
+            c.links
+                .iter()
+                .map(|l| parse_link(l))
+                .collect::<anyhow::Result<_>>()?
+        };
+        let reps = c.reps.unwrap_or(reps);
+        if reps == 0 {
+            bail!("--reps must be at least 1");
+        }
+        if profiles.is_empty() || vgpu_types.is_empty() || policies.is_empty() || links.is_empty() {
+            bail!("the matrix is empty");
+        }
+        if c.ram_mib == Some(0) {
+            bail!("--ram-mib must be at least 1");
+        }
+        let threads = c.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+        });
+        Ok(Matrix {
+            profiles,
+            types: vgpu_types.iter().map(|t| type_name(*t)).collect(),
+            vgpu_types,
+            policies,
+            links,
+            reps,
+            threads,
+            seed: c.seed,
+            ram_mib: c.ram_mib,
+            small_workload: c.small_workload,
+            sync_precopy: c.sync_precopy,
+            touch_memory: !c.untouched_memory,
+            extra: Vec::new(),
+        })
+    }
+
+    pub(crate) fn cases(&self) -> Vec<(Profile, VgpuType, Policy, Option<f64>)> {
+        let mut out = Vec::new();
+        for &profile in &self.profiles {
+            for &ty in &self.vgpu_types {
+                for &policy in &self.policies {
+                    for &link in &self.links {
+                        out.push((profile, ty, policy, link));
+                    }
+                }
+            }
+        }
+        for e in &self.extra {
+            if !out.contains(e) {
+                out.push(*e);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn case(
+        &self,
+        profile: Profile,
+        ty: VgpuType,
+        policy: Policy,
+        link: Option<f64>,
+    ) -> BenchCase {
+        let mut c = BenchCase::new(profile, ty, policy, link);
+        c.seed = self.seed;
+        c.hash_threads = self.threads;
+        c.ram_bytes = self.ram_mib.map(|m| m << 20);
+        c.sync_precopy = self.sync_precopy;
+        c.touch_memory = self.touch_memory;
+        if self.small_workload {
+            c.workload = WorkloadConfig::small();
+        }
+        c
+    }
+}
+
+/// One row of the matrix: a case condensed over its repetitions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    /// Workload profile.
+    pub profile: String,
+    /// vGPU type, aperture+hidden MiB.
+    pub vgpu_type: String,
+    /// Graphics memory of the type, MiB.
+    pub vgpu_mib: u64,
+    /// Guest RAM, MiB.
+    pub guest_mib: u64,
+    /// Policy.
+    pub policy: String,
+    /// Link speed in Gbit/s (`null`: unlimited).
+    pub link_gbps: Option<f64>,
+    /// Repetitions.
+    pub reps: usize,
+    /// Whether the switch-over waited for the destination to apply the pre-copy stream.
+    pub sync_precopy: bool,
+    /// Downtime percentiles, ms.
+    pub downtime_ms: Summary,
+    /// Every repetition's downtime, ms.
+    pub downtime_samples_ms: Vec<f64>,
+    /// Whole migration, ms.
+    pub total_ms: Summary,
+    /// Pre-copy phase, ms (median).
+    pub precopy_ms: f64,
+    /// Downtime phases (medians, ms): quiesce and state capture.
+    pub quiesce_ms: f64,
+    /// Busy time of the downtime hash pipeline.
+    pub hash_ms: f64,
+    /// End of quiesce to the last stop-copy byte.
+    pub transfer_ms: f64,
+    /// Destination: applying device state.
+    pub restore_ms: f64,
+    /// Destination: GGTT remapping.
+    pub remap_ms: f64,
+    /// Page records sent while running (median).
+    pub pages_precopy: u64,
+    /// Page records sent in downtime (median).
+    pub pages_stop_copy: u64,
+    /// All page records (median).
+    pub pages_total: u64,
+    /// Pages re-hashed in downtime (median).
+    pub pages_rehashed: u64,
+    /// Zero-page markers among the page records (median).
+    pub zero_pages: u64,
+    /// Bytes on the wire while running (median).
+    pub bytes_precopy: u64,
+    /// Bytes on the wire in downtime (median).
+    pub bytes_stop_copy: u64,
+    /// Whether narrowing widened to every page in any repetition.
+    pub widened: bool,
+    /// Plain read bandwidth of the guest memory, GB/s (median).
+    pub read_gbps: f64,
+    /// Link term of the lower bound, ms (median).
+    pub bound_link_ms: f64,
+    /// Memory term of the lower bound, ms (median).
+    pub bound_hash_ms: f64,
+    /// Lower bound on downtime, ms (median).
+    pub bound_ms: f64,
+    /// Downtime over its lower bound (median of the per-repetition ratios).
+    pub downtime_over_bound: f64,
+}
+
+fn median(v: &[f64]) -> f64 {
+    Summary::of(v).map_or(0.0, |s| s.p50)
+}
+
+fn median_u(v: impl Iterator<Item = u64>) -> u64 {
+    let mut v: Vec<u64> = v.collect();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
+
+fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
+    let f = |g: fn(&BenchSample) -> f64| samples.iter().map(g).collect::<Vec<f64>>();
+    let u = |g: fn(&BenchSample) -> u64| median_u(samples.iter().map(g));
+    let downtimes = f(|s| s.report.downtime_ms);
+    let downtime_ms = Summary::of(&downtimes).context("no downtime measured")?;
+    let total_ms = Summary::of(&f(|s| s.report.total_ms)).context("no total measured")?;
+    let ratios = f(|s| {
+        if s.bound_ms > 0.0 {
+            s.report.downtime_ms / s.bound_ms
+        } else {
+            f64::NAN
+        }
+    });
+    Ok(Row {
+        profile: case.profile.name().to_owned(),
+        vgpu_type: type_name(case.ty),
+        vgpu_mib: (case.ty.aperture_size() + case.ty.hidden_size()) >> 20,
+        guest_mib: case.guest_bytes() >> 20,
+        policy: case.policy.name().to_owned(),
+        link_gbps: case.link_gbps,
+        reps: samples.len(),
+        sync_precopy: case.sync_precopy,
+        downtime_ms,
+        downtime_samples_ms: downtimes,
+        total_ms,
+        precopy_ms: median(&f(|s| s.report.precopy_ms)),
+        quiesce_ms: median(&f(|s| s.report.quiesce_ms)),
+        hash_ms: median(&f(|s| s.report.hash_ms)),
+        transfer_ms: median(&f(|s| s.report.transfer_ms)),
+        restore_ms: median(&f(|s| s.report.restore_ms)),
+        remap_ms: median(&f(|s| s.report.remap_ms)),
+        pages_precopy: u(|s| s.report.pages_precopy),
+        pages_stop_copy: u(|s| s.report.pages_stop_copy),
+        pages_total: u(|s| s.report.pages_total),
+        pages_rehashed: u(|s| s.report.pages_rehashed),
+        zero_pages: u(|s| s.report.zero_pages),
+        bytes_precopy: u(|s| s.report.bytes_precopy),
+        bytes_stop_copy: u(|s| s.report.bytes_stop_copy),
+        widened: samples.iter().any(|s| s.report.widened),
+        read_gbps: median(&f(|s| s.read_gbps)),
+        bound_link_ms: median(&f(|s| s.bound_link_ms)),
+        bound_hash_ms: median(&f(|s| s.bound_hash_ms)),
+        bound_ms: median(&f(|s| s.bound_ms)),
+        downtime_over_bound: median(&ratios),
+    })
+}
+
+pub(crate) fn run_matrix(m: &Matrix) -> anyhow::Result<Vec<Row>> {
+    let cases = m.cases();
+    let mut rows = Vec::with_capacity(cases.len());
+    for (i, (profile, ty, policy, link)) in cases.iter().copied().enumerate() {
+        let case = m.case(profile, ty, policy, link);
+        let mut samples = Vec::with_capacity(m.reps);
+        for rep in 0..m.reps {
+            let s = run_case(&case).with_context(|| {
+                format!(
+                    "{} {} {} {} (repetition {})",
+                    profile.name(),
+                    type_name(ty),
+                    policy.name(),
+                    link_name(link),
+                    rep + 1
+                )
+            })?;
+            samples.push(s);
+        }
+        let row = row_of(&case, &samples)?;
+        eprintln!(
+            "[{}/{}] {:<8} {:<9} {:<16} {:<10} downtime p50 {:>9.2} ms  ({} pages in downtime)",
+            i + 1,
+            cases.len(),
+            row.profile,
+            row.vgpu_type,
+            row.policy,
+            link_name(link),
+            row.downtime_ms.p50,
+            row.pages_stop_copy
+        );
+        rows.push(row);
+    }
+    Ok(rows)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(crate) fn links_parse() {
+        assert_eq!(parse_link("unlimited").unwrap(), None);
+        assert_eq!(parse_link("10").unwrap(), Some(10.0));
+        assert_eq!(parse_link("2.5").unwrap(), Some(2.5));
+        assert!(parse_link("0").is_err());
+        assert!(parse_link("fast").is_err());
+        assert!(parse_link("-1").is_err());
+    }
+}

@@ -1,0 +1,251 @@
+//! Judging a run against the issue targets, and writing its tables (markdown, JSON).
+
+use super::bench_matrix::{link_name, Row};
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+
+// ---------------------------------------------------------------------------------------------
+// Targets
+// ---------------------------------------------------------------------------------------------
+
+/// One of the issue's targets, judged on this run's rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Target {
+    /// What the target asks.
+    pub target: String,
+    /// `true`/`false` when the rows judge it, `null` when the matrix lacks the rows.
+    pub met: Option<bool>,
+    /// The figures behind the verdict.
+    pub detail: String,
+}
+
+pub(crate) fn find<'a>(
+    rows: &'a [Row],
+    profile: &str,
+    ty: &str,
+    policy: &str,
+    link: Option<f64>,
+) -> Option<&'a Row> {
+    rows.iter().find(|r| {
+        r.profile == profile && r.vgpu_type == ty && r.policy == policy && r.link_gbps == link
+    })
+}
+
+/// Stop-copy page reduction of `policy` against stop-and-copy, per (profile, type, link) where
+/// both ran: `(profile, type, link, percent)`.
+fn reductions(rows: &[Row], policy: &str) -> Vec<(String, String, Option<f64>, f64)> {
+    rows.iter()
+        .filter(|r| r.policy == policy)
+        .filter_map(|r| {
+            let base = find(rows, &r.profile, &r.vgpu_type, "stop-and-copy", r.link_gbps)?;
+            (base.pages_stop_copy > 0).then(|| {
+                (
+                    r.profile.clone(),
+                    r.vgpu_type.clone(),
+                    r.link_gbps,
+                    100.0 * (1.0 - r.pages_stop_copy as f64 / base.pages_stop_copy as f64),
+                )
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn judge(rows: &[Row]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let t1 = find(rows, "desktop", "64+384", "one-shot-narrow", Some(10.0));
+    out.push(Target {
+        target: "one-shot-narrow, desktop, 64+384, 10 Gbit/s: downtime <= 12 ms".into(),
+        met: t1.map(|r| r.downtime_ms.p50 <= 12.0),
+        detail: t1.map_or_else(
+            || "not in this matrix".into(),
+            |r| {
+                format!(
+                    "p50 {:.2} ms, p95 {:.2} ms, max {:.2} ms",
+                    r.downtime_ms.p50, r.downtime_ms.p95, r.downtime_ms.max
+                )
+            },
+        ),
+    });
+
+    let red = reductions(rows, "one-shot-narrow");
+    let mut detail = String::new();
+    let mut met = None;
+    let mut profiles: Vec<&str> = red.iter().map(|r| r.0.as_str()).collect();
+    profiles.dedup();
+    for p in BTreeSet::from_iter(profiles) {
+        let worst = red
+            .iter()
+            .filter(|r| r.0 == p)
+            .map(|r| r.3)
+            .fold(f64::INFINITY, f64::min);
+        let need = if p == "desktop" { 95.0 } else { 80.0 };
+        met = Some(met.unwrap_or(true) && worst >= need);
+        let _ = write!(detail, "{p} {worst:.1}% (need {need}%); ");
+    }
+    out.push(Target {
+        target: "one-shot-narrow: >= 80% fewer stop-copy pages than stop-and-copy for every \
+                 profile, >= 95% for desktop"
+            .into(),
+        met,
+        detail: if detail.is_empty() {
+            "no profile ran both policies".into()
+        } else {
+            format!(
+                "worst over types and links: {}",
+                detail.trim_end_matches("; ")
+            )
+        },
+    });
+
+    let oneshot: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.policy == "one-shot" && r.downtime_over_bound.is_finite())
+        .collect();
+    let worst = oneshot
+        .iter()
+        .copied()
+        .max_by(|a, b| a.downtime_over_bound.total_cmp(&b.downtime_over_bound));
+    let best = oneshot
+        .iter()
+        .copied()
+        .min_by(|a, b| a.downtime_over_bound.total_cmp(&b.downtime_over_bound));
+    out.push(Target {
+        target: "full-hash one-shot: downtime within 1.25x of its lower bound".into(),
+        met: worst.map(|r| r.downtime_over_bound <= 1.25),
+        detail: match (worst, best) {
+            (Some(w), Some(b)) => format!(
+                "worst {:.2}x ({} {} {}), best {:.2}x ({} {} {}); {} rows",
+                w.downtime_over_bound,
+                w.profile,
+                w.vgpu_type,
+                link_name(w.link_gbps),
+                b.downtime_over_bound,
+                b.profile,
+                b.vgpu_type,
+                link_name(b.link_gbps),
+                oneshot.len()
+            ),
+            _ => "no one-shot rows".into(),
+        },
+    });
+
+    let mut pairs = Vec::new();
+    for small in rows.iter().filter(|r| {
+        r.profile == "desktop" && r.policy == "one-shot-narrow" && r.vgpu_type == "64+384"
+    }) {
+        if let Some(big) = find(
+            rows,
+            "desktop",
+            "512+2048",
+            "one-shot-narrow",
+            small.link_gbps,
+        ) {
+            pairs.push((small.link_gbps, big.downtime_ms.p50 / small.downtime_ms.p50));
+        }
+    }
+    out.push(Target {
+        target: "one-shot-narrow, desktop: 512+2048 downtime within 2x of 64+384".into(),
+        met: (!pairs.is_empty()).then(|| pairs.iter().all(|p| p.1 <= 2.0)),
+        detail: if pairs.is_empty() {
+            "not in this matrix".into()
+        } else {
+            pairs
+                .iter()
+                .map(|(l, r)| format!("{}: {r:.2}x", link_name(*l)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    });
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+// ---------------------------------------------------------------------------------------------
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+pub(crate) fn markdown_table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| profile | vGPU | policy | link | downtime p50 / p95 / max (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound |\n",
+    );
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+            r.profile,
+            r.vgpu_type,
+            r.policy,
+            link_name(r.link_gbps),
+            r.downtime_ms.p50,
+            r.downtime_ms.p95,
+            r.downtime_ms.max,
+            r.total_ms.p50,
+            r.pages_precopy,
+            r.pages_stop_copy,
+            mib(r.bytes_precopy),
+            mib(r.bytes_stop_copy),
+            r.pages_rehashed,
+            if r.widened { " (widened)" } else { "" },
+            r.hash_ms,
+            r.remap_ms,
+            r.read_gbps,
+            r.bound_ms,
+            if r.downtime_over_bound.is_finite() {
+                format!("{:.2}", r.downtime_over_bound)
+            } else {
+                "-".into()
+            },
+        );
+    }
+    s
+}
+
+pub(crate) fn markdown_targets(targets: &[Target]) -> String {
+    let mut s = String::from("| target | met | figures |\n|---|---|---|\n");
+    for t in targets {
+        let met = match t.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "n/a",
+        };
+        let _ = writeln!(s, "| {} | {met} | {} |", t.target, t.detail);
+    }
+    s
+}
+
+pub(crate) fn machine() -> serde_json::Value {
+    serde_json::json!({
+        "cpus": std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+        "gmig_version": env!("CARGO_PKG_VERSION"),
+    })
+}
+
+pub(crate) fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+pub(crate) fn write_out(
+    dir: &Path,
+    stem: &str,
+    doc: &serde_json::Value,
+    md: &str,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let j = dir.join(format!("{stem}.json"));
+    std::fs::write(&j, serde_json::to_string_pretty(doc)? + "\n")
+        .with_context(|| format!("writing {}", j.display()))?;
+    let p = dir.join(format!("{stem}.md"));
+    let text = format!("<!-- {} -->\n{md}", command_line());
+    std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+    Ok(())
+}
