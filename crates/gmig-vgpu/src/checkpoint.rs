@@ -29,7 +29,8 @@ use serde::{Deserialize, Serialize};
 use crate::gm::{GgttOffset, SliceMove, VgpuSlices};
 use crate::gtt::{Ggtt, GgttState, GuestRam};
 use crate::mmio;
-use crate::vgpu::{EngineState, ExecStats, GpuFault, Vgpu, VgpuConfig, Workload, WriteLog};
+use crate::vgpu::{Vgpu, VgpuConfig};
+use crate::work::{EngineState, ExecStats, GpuFault, Workload, WriteLog};
 
 /// Envelope magic.
 pub const STATE_MAGIC: [u8; 8] = *b"GMIGVGPU";

@@ -6,7 +6,8 @@
 //!
 //! **Owns:** the vGPU types and the per-host graphics-memory partition manager ([`gm`]); the GGTT
 //! and PPGTT ([`gtt`]); registers and the GVT-g PV info page ([`mmio`]); the device — MMIO, fences,
-//! rings, execlists, status page, display planes ([`vgpu`]); shadowing guest submissions into host
+//! rings, execlists, status page, display planes ([`vgpu`]) and the values it shares with the
+//! engine ([`work`]); comparing two vGPUs' guest-visible state ([`compare`]); shadowing guest submissions into host
 //! addressing with audit ([`shadow`]); the reference engine ([`exec`]); the guest-driver model and
 //! its five profiles ([`workload`]); the versioned checkpoint and restore with remapping
 //! ([`checkpoint`]). With the default `engine` feature, also the vGPU as a device the migration
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod compare;
 pub mod exec;
 pub mod gm;
 pub mod gtt;
@@ -29,8 +31,11 @@ pub mod mmio;
 pub mod scenario;
 pub mod shadow;
 pub mod vgpu;
+pub mod work;
 pub mod workload;
 
+pub use compare::{compare_guest_visible, StateDiff};
 pub use gm::{Gfn, VgpuSlices, VgpuType};
 pub use vgpu::{Vgpu, VgpuConfig};
+pub use work::{ExecStats, GpuFault, Workload, WriteLog};
 pub use workload::{GuestDriver, Profile, WorkloadConfig};

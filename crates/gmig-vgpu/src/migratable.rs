@@ -27,7 +27,8 @@ use crate::checkpoint::{RestoreOptions, VgpuState};
 use crate::gm::{Gfn, VgpuType, MIB, PAGE_SIZE};
 use crate::gtt::{new_guest_ram, ram_size, Space};
 use crate::mmio::lrc;
-use crate::vgpu::{Vgpu, VgpuConfig, WriteLog};
+use crate::vgpu::{Vgpu, VgpuConfig};
+use crate::work::WriteLog;
 use crate::workload::{GuestDriver, Profile, WorkloadConfig};
 use gmig_core::migration::{
     Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory,

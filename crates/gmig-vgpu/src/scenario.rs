@@ -9,9 +9,9 @@ use std::thread;
 use serde::Serialize;
 
 use crate::checkpoint::RestoreOptions;
+use crate::compare::compare_guest_visible;
 use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
 use crate::migratable::{type_id, VgpuFactory, VgpuVm};
-use crate::vgpu::compare_guest_visible;
 use crate::workload::{Profile, WorkloadConfig};
 use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigrationConfig, MigrationError,

@@ -10,7 +10,7 @@ use gmig_cmdparser::{
 use crate::gm::{Gfn, PAGE_SIZE};
 use crate::gtt::GpuView;
 use crate::mmio::{desc, lrc, EngineId};
-use crate::vgpu::{FaultKind, ShadowCommand, Vgpu, Workload, WriteLog};
+use crate::work::{FaultKind, ShadowCommand, Workload, WriteLog};
 
 /// Limits on one submission's walk (a self-looping batch runs into them and is refused).
 pub const WALK_BUDGET: Budget = Budget {
@@ -29,6 +29,21 @@ pub fn parser_engine(e: EngineId) -> Engine {
     }
 }
 
+/// What shadowing a submission needs from the device that received it (implemented by
+/// [`crate::vgpu::Vgpu`]; kept as a trait so that this module does not depend on the device).
+pub(crate) trait ShadowSource {
+    /// The GPU generation.
+    fn shadow_gen(&self) -> gmig_cmdparser::Gen;
+    /// The slices the guest believes it has (commands are audited against these).
+    fn shadow_guest_slices(&self) -> gmig_cmdparser::VgpuSlices;
+    /// Guest memory as the GPU sees it in the guest's addressing (`pml4`: the PPGTT root).
+    fn shadow_view(&self, pml4: Option<u64>) -> GpuView<'_>;
+    /// The ring offset up to which the context at `lrca` was already submitted (lite restore).
+    fn shadow_head(&self, lrca: u64) -> Option<u32>;
+    /// The move from the guest's slices to the host's, and whether commands are rebased by it.
+    fn shadow_move(&self) -> (SliceMove, bool);
+}
+
 impl GpuMemory for GpuView<'_> {
     fn read(&self, space: AddressSpace, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
         GpuView::read(self, space, addr, out).map_err(|_| MemoryError::Unmapped { space, addr })
@@ -42,13 +57,13 @@ fn ctx_state(view: &GpuView<'_>, lrca: u64, index: usize) -> Option<u32> {
 }
 
 /// Walks, audits and shadows the context `d` submitted on `engine`.
-pub(crate) fn shadow_workload(
-    vgpu: &Vgpu,
+pub(crate) fn shadow_workload<S: ShadowSource>(
+    vgpu: &S,
     engine: EngineId,
     d: u64,
     seq: u64,
 ) -> Result<Workload, (FaultKind, String)> {
-    let guest = vgpu.guest_view();
+    let guest = vgpu.shadow_guest_slices();
     let lrca = d & desc::LRCA_MASK;
     if !guest.contains(lrca, lrc::CONTEXT_PAGES * PAGE_SIZE) {
         return Err((
@@ -56,15 +71,15 @@ pub(crate) fn shadow_workload(
             format!("context image at {lrca:#x} is outside the vGPU's slices"),
         ));
     }
-    let view0 = vgpu.guest_gpu_view(None);
+    let view0 = vgpu.shadow_view(None);
     let rd = |i| {
         ctx_state(&view0, lrca, i).ok_or((
             FaultKind::Context,
             format!("context image at {lrca:#x} unreadable"),
         ))
     };
-    let head = match vgpu.ctx_heads.get(&lrca) {
-        Some(h) => *h,
+    let head = match vgpu.shadow_head(lrca) {
+        Some(h) => h,
         None => rd(lrc::RING_HEAD)? & 0x001f_fffc,
     };
     let tail = rd(lrc::RING_TAIL)? & 0x001f_fff8;
@@ -88,11 +103,11 @@ pub(crate) fn shadow_workload(
             format!("ring at {start:#x} is outside the vGPU's slices"),
         ));
     }
-    let gen = vgpu.config().gen;
+    let gen = vgpu.shadow_gen();
     let pe = parser_engine(engine);
-    let mv = vgpu.guest_to_host();
-    let moving = vgpu.remap && mv.from != mv.to;
-    let view = vgpu.guest_gpu_view(pml4);
+    let (mv, remap) = vgpu.shadow_move();
+    let moving = remap && mv.from != mv.to;
+    let view = vgpu.shadow_view(pml4);
     let mut commands = Vec::new();
     let mut visit = |w: &gmig_cmdparser::WalkedCommand<'_>| -> Result<(), WalkError> {
         if w.space == AddressSpace::Ggtt && !guest.contains(w.addr, 4) {
@@ -132,7 +147,7 @@ pub(crate) fn shadow_workload(
         };
         (kind, e.to_string())
     })?;
-    let lrca_host = if vgpu.remap {
+    let lrca_host = if remap {
         mv.rebase(GgttOffset(lrca)).unwrap_or(GgttOffset(lrca))
     } else {
         GgttOffset(lrca)

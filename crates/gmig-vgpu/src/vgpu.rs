@@ -14,6 +14,14 @@
 //!   whose GGTT addresses are rebased into the host slices (as GVT-g shadows ring and batch
 //!   buffers); guest memory itself is never rewritten.
 
+use super::work::DrainReport;
+use super::work::EngineState;
+use super::work::ExecStats;
+use super::work::FaultKind;
+use super::work::GpuFault;
+use super::work::Workload;
+use super::work::WriteLog;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +30,7 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::gm::{Gfn, VgpuType, PAGE_SIZE};
 use crate::gtt::{ppgtt_frames, Ggtt, GpuView, GttError, GuestRam, Space};
 use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
-use gmig_cmdparser::{BatchContext, Gen, GgttOffset, SliceMove, VgpuSlices};
+use gmig_cmdparser::{Gen, GgttOffset, SliceMove, VgpuSlices};
 
 /// Errors of the vGPU device model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,144 +80,6 @@ impl VgpuConfig {
             vgt_id,
         }
     }
-}
-
-/// One command of a shadowed workload, in execution order (control flow already followed).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShadowCommand {
-    /// The buffer the command came from (nesting level, privilege).
-    pub ctx: BatchContext,
-    /// Address space the command's implicit memory addresses use (GGTT for ring and GGTT batches).
-    pub space: Space,
-    /// Where the guest placed the command (guest-view GGTT offset or PPGTT address).
-    pub guest_addr: u64,
-    /// The command, DW0 first, GGTT addresses already in host slices.
-    pub dwords: Vec<u32>,
-}
-
-/// A submitted, audited and shadowed workload waiting for (or in) execution.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Workload {
-    /// Submission sequence number on this vGPU.
-    pub seq: u64,
-    /// Engine it was submitted to.
-    pub engine: EngineId,
-    /// The context descriptor the guest wrote to ELSP.
-    pub desc: u64,
-    /// Host-slice GGTT offset of the context image (the LRCA rebased).
-    pub lrca: GgttOffset,
-    /// Ring tail the context image asked for; written back as the head on completion.
-    pub ring_tail: u32,
-    /// PPGTT root of the context (guest-physical), if it has one.
-    pub pml4: Option<u64>,
-    /// The commands.
-    pub commands: Vec<ShadowCommand>,
-}
-
-impl Workload {
-    /// The context ID (upper dword of the descriptor).
-    pub fn ctx_id(&self) -> u32 {
-        (self.desc >> desc::CTX_ID_SHIFT) as u32
-    }
-}
-
-/// Why a workload was refused or stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum FaultKind {
-    /// The command parser's audit refused it (forbidden command, out-of-slice address, register).
-    Audit,
-    /// The walk failed: undecodable command, bad nesting, loop/budget exhausted.
-    Walk,
-    /// The context image or ring could not be read.
-    Context,
-    /// A GPU memory access faulted during execution.
-    Memory,
-}
-
-impl FaultKind {
-    fn code(self) -> u32 {
-        match self {
-            FaultKind::Audit => 1,
-            FaultKind::Walk => 2,
-            FaultKind::Context => 3,
-            FaultKind::Memory => 4,
-        }
-    }
-}
-
-/// A GPU error reported to the guest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuFault {
-    /// Engine.
-    pub engine: EngineId,
-    /// Context ID of the refused submission.
-    pub ctx_id: u32,
-    /// Category.
-    pub kind: FaultKind,
-    /// Human-readable reason (from the parser or the engine).
-    pub reason: String,
-}
-
-/// Per-engine execlist state.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EngineState {
-    /// ELSP dwords written so far (a submission is four writes).
-    pub elsp: Vec<u32>,
-    /// CSB write pointer.
-    pub csb_wp: u32,
-    /// Workloads completed (including refused ones).
-    pub completed: u64,
-}
-
-/// Counters of what the engine did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExecStats {
-    /// Commands executed with an effect modelled by the reference engine.
-    pub executed: u64,
-    /// Valid commands decoded and skipped, by name.
-    pub skipped: BTreeMap<String, u64>,
-    /// Workloads run to completion.
-    pub workloads: u64,
-    /// Workloads refused before execution or stopped by a fault.
-    pub refused: u64,
-    /// GPU clock (commands executed since creation), used for timestamps.
-    pub clock: u64,
-    /// The most guest pages one workload's commands wrote (the reference engine's own record):
-    /// the MIG_DATA_SIZE estimate's figure for a queued workload whose write set is unknown.
-    pub max_workload_pages: u64,
-}
-
-/// What executed commands may have written: the migration engine's candidate dirty set.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WriteLog {
-    /// Guest frames the executed commands' write sets (from gmig-cmdparser) cover.
-    pub candidate: BTreeSet<Gfn>,
-    /// Some executed command's write set was unknown (a draw, a media object): assume anything.
-    pub unknown: bool,
-    /// Guest frames the reference engine actually wrote (always a subset of what a sound
-    /// candidate set plus `unknown` allows; kept for checking that).
-    pub actual: BTreeSet<Gfn>,
-    /// Commands logged.
-    pub commands: u64,
-}
-
-impl WriteLog {
-    /// Merges another log into this one.
-    pub fn merge(&mut self, mut other: WriteLog) {
-        self.candidate.append(&mut other.candidate);
-        self.actual.append(&mut other.actual);
-        self.unknown |= other.unknown;
-        self.commands += other.commands;
-    }
-}
-
-/// What a bounded drain did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DrainReport {
-    /// Workloads executed during the drain.
-    pub executed: usize,
-    /// Workloads still queued (they travel in the checkpoint).
-    pub queued: usize,
 }
 
 /// The software vGPU.
@@ -554,6 +424,37 @@ impl Vgpu {
         }
     }
 
+    /// Runs one workload on the reference engine and applies what it did: statistics, write log,
+    /// register writes, the user interrupt or a fault, then completes its context.
+    pub(crate) fn execute(&mut self, w: &Workload) {
+        let out = crate::exec::execute(self.cfg.gen, self.host_view(w.pml4), w, self.stats.clock);
+        self.stats.max_workload_pages = self.stats.max_workload_pages.max(out.pages_written);
+        self.write_log.merge(out.log);
+        self.stats.clock = out.clock;
+        self.stats.executed += out.executed;
+        for s in out.skipped {
+            *self.stats.skipped.entry(s.to_string()).or_insert(0) += 1;
+        }
+        for (r, v) in out.reg_writes {
+            self.vregs.insert(r, v);
+        }
+        if out.interrupt {
+            let (reg, bit) = w.engine.user_interrupt();
+            *self.vregs.entry(reg).or_insert(0) |= bit;
+        }
+        match out.fault {
+            Some(reason) => self.report_fault(GpuFault {
+                engine: w.engine,
+                ctx_id: w.ctx_id(),
+                kind: FaultKind::Memory,
+                reason,
+            }),
+            None => self.stats.workloads += 1,
+        }
+        self.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
+        self.complete_csb(w.engine, w.ctx_id());
+    }
+
     pub(crate) fn report_fault(&mut self, fault: GpuFault) {
         let v = 1 | (fault.kind.code() << 1) | ((fault.engine.index() as u32) << 12);
         self.vregs.insert(mmio::RING_FAULT_REG, v);
@@ -633,7 +534,7 @@ impl Vgpu {
             let Some(w) = self.queue.pop_front() else {
                 break;
             };
-            crate::exec::execute(self, &w);
+            self.execute(&w);
             n += 1;
         }
         n
@@ -695,81 +596,22 @@ impl Vgpu {
             .map(Gfn::containing)
     }
 }
-
-/// A difference in guest-visible state between two vGPUs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StateDiff {
-    /// Registers whose guest-visible values differ: `(offset, a, b)`.
-    pub registers: Vec<(u32, u32, u32)>,
-    /// Guest-view GGTT pages whose entries differ.
-    pub ggtt_entries: Vec<u64>,
-    /// Guest frames whose contents differ.
-    pub pages: Vec<Gfn>,
-    /// Guest RAM sizes differ.
-    pub ram_size: Option<(u64, u64)>,
-    /// Fault records differ.
-    pub faults: bool,
-}
-
-impl StateDiff {
-    /// Nothing differs.
-    pub fn is_identical(&self) -> bool {
-        *self == StateDiff::default()
+impl crate::shadow::ShadowSource for Vgpu {
+    fn shadow_gen(&self) -> Gen {
+        self.cfg.gen
     }
-}
-
-/// Compares what a guest can observe of two vGPUs: registers (MMIO reads), GGTT entries (through
-/// the MMIO GTT range, at guest-view offsets), reported faults and every byte of guest RAM.
-pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
-    let mut d = StateDiff::default();
-    let keys: BTreeSet<u32> = a.vregs.keys().chain(b.vregs.keys()).copied().collect();
-    for k in keys {
-        let (x, y) = (
-            a.vregs.get(&k).copied().unwrap_or(0),
-            b.vregs.get(&k).copied().unwrap_or(0),
-        );
-        if x != y {
-            d.registers.push((k, x, y));
-        }
+    fn shadow_guest_slices(&self) -> VgpuSlices {
+        self.guest_view
     }
-    if a.guest_view != b.guest_view {
-        d.registers
-            .push((mmio::VGT_PVINFO_PAGE + pvinfo::APERTURE_BASE, 0, 0));
+    fn shadow_view(&self, pml4: Option<u64>) -> GpuView<'_> {
+        self.guest_gpu_view(pml4)
     }
-    let pages = a.guest_view.aperture.size / PAGE_SIZE + a.guest_view.hidden.size / PAGE_SIZE;
-    let (ga, gb) = (a.ggtt.save(), b.ggtt.save());
-    if ga != gb {
-        for p in 0..pages {
-            let off = if p < a.guest_view.aperture.size / PAGE_SIZE {
-                a.guest_view.aperture.base.0 + p * PAGE_SIZE
-            } else {
-                a.guest_view.hidden.base.0
-                    + (p - a.guest_view.aperture.size / PAGE_SIZE) * PAGE_SIZE
-            };
-            if a.ggtt.entry(&a.guest_view, GgttOffset(off))
-                != b.ggtt.entry(&b.guest_view, GgttOffset(off))
-            {
-                d.ggtt_entries.push(off);
-            }
-        }
+    fn shadow_head(&self, lrca: u64) -> Option<u32> {
+        self.ctx_heads.get(&lrca).copied()
     }
-    d.faults = a.faults != b.faults;
-    let (sa, sb) = (crate::gtt::ram_size(&a.mem), crate::gtt::ram_size(&b.mem));
-    if sa != sb {
-        d.ram_size = Some((sa, sb));
-        return d;
+    fn shadow_move(&self) -> (SliceMove, bool) {
+        (self.guest_to_host(), self.remap)
     }
-    let mut pa = vec![0u8; PAGE_SIZE as usize];
-    let mut pb = vec![0u8; PAGE_SIZE as usize];
-    for gfn in 0..sa / PAGE_SIZE {
-        let addr = GuestAddress(gfn * PAGE_SIZE);
-        let ra = a.mem.read_slice(&mut pa, addr);
-        let rb = b.mem.read_slice(&mut pb, addr);
-        if ra.is_err() || rb.is_err() || pa != pb {
-            d.pages.push(Gfn(gfn));
-        }
-    }
-    d
 }
 
 #[cfg(test)]

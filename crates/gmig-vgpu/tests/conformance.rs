@@ -9,9 +9,9 @@ use gmig_vfio_migration::conformance;
 use gmig_vfio_migration::target::{self, MigrateOptions};
 use gmig_vfio_migration::{DeviceState, MigrationHandle, MigrationTarget};
 use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::compare::compare_guest_visible;
 use gmig_vgpu::gm::{VgpuSlices, VgpuType};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
-use gmig_vgpu::vgpu::compare_guest_visible;
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 
 const RAM: u64 = 32 << 20;

@@ -3,9 +3,10 @@
 //! workload never migrated — and, as a negative control, differs when remapping is turned off.
 
 use gmig_vgpu::checkpoint::{RestoreOptions, VgpuState};
+use gmig_vgpu::compare::{compare_guest_visible, StateDiff};
 use gmig_vgpu::gm::{Gen, HostConfig, PartitionManager, VgpuSlices, VgpuType};
 use gmig_vgpu::gtt::{copy_guest_ram, new_guest_ram};
-use gmig_vgpu::vgpu::{compare_guest_visible, StateDiff, Vgpu, VgpuConfig};
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
 use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -12,9 +12,9 @@ use gmig_core::migration::{
 use gmig_core::transport::{Connection, Counted, Endpoint};
 use gmig_vfio_migration::{DeviceState, MigrationTarget};
 use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::compare::compare_guest_visible;
 use gmig_vgpu::gm::{VgpuSlices, VgpuType};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
-use gmig_vgpu::vgpu::compare_guest_visible;
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 
 const RAM: u64 = 48 << 20;

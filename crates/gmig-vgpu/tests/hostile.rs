@@ -3,10 +3,12 @@
 
 use gmig_cmdparser::build::{self, Rect};
 use gmig_cmdparser::{by_name, AddressSpace, Engine, Gen};
+use gmig_vgpu::compare::compare_guest_visible;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 use gmig_vgpu::gtt::new_guest_ram;
 use gmig_vgpu::mmio::{self, EngineId};
-use gmig_vgpu::vgpu::{compare_guest_visible, FaultKind, Vgpu, VgpuConfig};
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+use gmig_vgpu::work::FaultKind;
 use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 const RAM: usize = 32 << 20;

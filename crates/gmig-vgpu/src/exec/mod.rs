@@ -10,12 +10,13 @@
 //! A draw is modelled as a deterministic fill of its bound surfaces. Real hardware runs shaders that
 //! may write anywhere the context can reach, which is why gmig-cmdparser's write set for a draw is
 //! *unknown* and dirty-page narrowing must widen there; the model's own writes are recorded
-//! separately ([`crate::vgpu::WriteLog::actual`]) so tests can check candidate sets stay sound.
+//! separately ([`crate::work::WriteLog::actual`]) so tests can check candidate sets stay sound.
+
+use gmig_cmdparser::Gen;
 
 use crate::gm::Gfn;
 use crate::gtt::{GpuView, GttError, Space};
-use crate::mmio::lrc;
-use crate::vgpu::{FaultKind, GpuFault, ShadowCommand, Vgpu, Workload};
+use crate::work::{ShadowCommand, Workload, WriteLog};
 
 /// Bytes per pixel from a BR13-style colour-depth field (bits 25:24).
 fn br13_bpp(dw1: u32) -> u32 {
@@ -104,21 +105,42 @@ enum SideEffect {
     Interrupt,
 }
 
-/// Executes one workload on the vGPU, then completes its context.
-pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
-    let gen = vgpu.cfg.gen;
+/// What executing one workload did, for the device to apply ([`crate::vgpu::Vgpu`] records the
+/// statistics, register writes, interrupt and fault, and completes the context).
+#[derive(Debug, Default)]
+pub struct Execution {
+    /// Pages the workload wrote (`actual`) and the parser's sound candidate set (`candidate`).
+    pub log: WriteLog,
+    /// How many distinct pages the commands actually wrote.
+    pub pages_written: u64,
+    /// The engine clock after the last command.
+    pub clock: u64,
+    /// Commands executed.
+    pub executed: u64,
+    /// Commands recognised but not modelled, by name.
+    pub skipped: Vec<&'static str>,
+    /// Register writes the commands asked for, in order: `(offset, value)`.
+    pub reg_writes: Vec<(u32, u32)>,
+    /// Whether a command raised the engine's user interrupt.
+    pub interrupt: bool,
+    /// Why execution stopped early (a memory fault), if it did.
+    pub fault: Option<String>,
+}
+
+/// Executes `w`'s commands against guest memory through `view` (the host addressing the
+/// workload runs in), starting at engine clock `clock`.
+pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Execution {
     let mut effects = Vec::new();
     let mut pipe = PipeState::default();
-    let mut fault: Option<String> = None;
-    let mut clock = vgpu.stats.clock;
-    let mut executed = 0u64;
-    let mut skipped: Vec<&'static str> = Vec::new();
+    let mut out = Execution {
+        clock,
+        ..Execution::default()
+    };
     let mut written = Vec::new();
-    let mut log = crate::vgpu::WriteLog::default();
     let mut candidate = Vec::new();
     {
         let mut ctx = Ctx {
-            view: vgpu.host_view(w.pml4),
+            view,
             written: Vec::new(),
         };
         for cmd in &w.commands {
@@ -127,15 +149,15 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
                 w.engine,
                 cmd,
                 &ctx.view,
-                &mut log,
+                &mut out.log,
                 &mut candidate,
             );
-            clock += 1;
-            match run_command(&mut ctx, &mut pipe, cmd, name, clock, &mut effects) {
-                Ok(Outcome::Executed) => executed += 1,
-                Ok(Outcome::Skipped(name)) => skipped.push(name),
+            out.clock += 1;
+            match run_command(&mut ctx, &mut pipe, cmd, name, out.clock, &mut effects) {
+                Ok(Outcome::Executed) => out.executed += 1,
+                Ok(Outcome::Skipped(name)) => out.skipped.push(name),
                 Err(e) => {
-                    fault = Some(format!(
+                    out.fault = Some(format!(
                         "{e} at {:#x} ({:?})",
                         cmd.guest_addr, cmd.ctx.level
                     ));
@@ -148,41 +170,18 @@ pub(crate) fn execute(vgpu: &mut Vgpu, w: &Workload) {
     // Sorted, deduplicated bulk builds: far cheaper than inserting page by page.
     written.sort_unstable();
     written.dedup();
-    vgpu.stats.max_workload_pages = vgpu.stats.max_workload_pages.max(written.len() as u64);
+    out.pages_written = written.len() as u64;
     candidate.sort_unstable();
     candidate.dedup();
-    log.actual = written.into_iter().collect();
-    log.candidate = candidate.into_iter().collect();
-    vgpu.write_log.merge(log);
-    vgpu.stats.clock = clock;
-    vgpu.stats.executed += executed;
-    for s in skipped {
-        *vgpu.stats.skipped.entry(s.to_string()).or_insert(0) += 1;
-    }
+    out.log.actual = written.into_iter().collect();
+    out.log.candidate = candidate.into_iter().collect();
     for e in effects {
         match e {
-            SideEffect::Reg(r, v) => {
-                vgpu.vregs.insert(r, v);
-            }
-            SideEffect::Interrupt => {
-                let (reg, bit) = w.engine.user_interrupt();
-                *vgpu.vregs.entry(reg).or_insert(0) |= bit;
-            }
+            SideEffect::Reg(r, v) => out.reg_writes.push((r, v)),
+            SideEffect::Interrupt => out.interrupt = true,
         }
     }
-    match fault {
-        Some(reason) => {
-            vgpu.report_fault(GpuFault {
-                engine: w.engine,
-                ctx_id: w.ctx_id(),
-                kind: FaultKind::Memory,
-                reason,
-            });
-        }
-        None => vgpu.stats.workloads += 1,
-    }
-    vgpu.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
-    vgpu.complete_csb(w.engine, w.ctx_id());
+    out
 }
 
 enum Outcome {
@@ -622,264 +621,4 @@ fn run_3d(
 }
 
 #[cfg(test)]
-mod tests {
-    use gmig_cmdparser::build::{self, Rect};
-    use gmig_cmdparser::{BatchContext, GgttOffset};
-    use vm_memory::{Bytes, GuestAddress};
-
-    use super::*;
-    use crate::gm::{HostConfig, PartitionManager, VgpuType, PAGE_SIZE};
-    use crate::gtt::new_guest_ram;
-    use crate::mmio::{self, EngineId};
-    use crate::vgpu::{VgpuConfig, Workload};
-
-    /// A vGPU whose hidden slice's first `pages` pages map guest RAM from 1 MiB up.
-    fn setup(pages: u64) -> (Vgpu, u64) {
-        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-        let mut v = Vgpu::new(
-            VgpuConfig::new(VgpuType::V5_8, 1),
-            s,
-            new_guest_ram(8 << 20).unwrap(),
-        )
-        .unwrap();
-        let base = s.hidden.base.0;
-        for p in 0..pages {
-            let e = mmio::GTT_MMIO_BASE + ((base / PAGE_SIZE + p) * 8) as u32;
-            v.mmio_write64(e, ((1 << 20) + p * PAGE_SIZE) | 1).unwrap();
-        }
-        (v, base)
-    }
-
-    fn run(v: &mut Vgpu, engine: EngineId, cmds: Vec<Vec<u32>>) {
-        let w = Workload {
-            seq: 0,
-            engine,
-            desc: 1 << 32,
-            lrca: GgttOffset(0),
-            ring_tail: 0,
-            pml4: None,
-            commands: cmds
-                .into_iter()
-                .map(|dwords| ShadowCommand {
-                    ctx: BatchContext::RING,
-                    space: Space::Ggtt,
-                    guest_addr: 0,
-                    dwords,
-                })
-                .collect(),
-        };
-        execute(v, &w);
-    }
-
-    /// A 32 bpp XY_FAST_COPY_BLT (the encoding IGT and i915 use: depth 3 = 32 bpp).
-    fn fast_copy(dst: u64, dst_pitch: i16, r: Rect, src: u64, src_pitch: i16) -> Vec<u32> {
-        gmig_cmdparser::build::xy_fast_copy_blt(dst, dst_pitch, r, src, src_pitch, 0, 0, 4)
-    }
-
-    fn gpa_of(base: u64, gpu: u64) -> GuestAddress {
-        GuestAddress((1 << 20) + (gpu - base))
-    }
-
-    #[test]
-    fn copies_through_an_x_tiled_surface_and_back() {
-        let (mut v, base) = setup(64);
-        let (a, b, c) = (base, base + 16 * PAGE_SIZE, base + 40 * PAGE_SIZE);
-        // A: 200x16 pixels, pitch 800, a gradient.
-        let img: Vec<u8> = (0..800 * 16).map(|i| (i * 31 % 253) as u8).collect();
-        v.guest_memory().write_slice(&img, gpa_of(base, a)).unwrap();
-        let rect = Rect {
-            x1: 0,
-            y1: 0,
-            x2: 200,
-            y2: 16,
-        };
-        // A -> B (X-tiled, pitch 1024 bytes = 256 dwords), B -> C (linear).
-        let mut to_tiled = build::xy_src_copy_blt(b, 256, rect, a, 800, 0, 0, 4);
-        to_tiled[0] |= 1 << 11;
-        let mut from_tiled = build::xy_src_copy_blt(c, 800, rect, b, 256, 0, 0, 4);
-        from_tiled[0] |= 1 << 15;
-        run(&mut v, EngineId::Blitter, vec![to_tiled, from_tiled]);
-        assert!(v.faults().is_empty(), "{:?}", v.faults());
-        let mut out = vec![0u8; img.len()];
-        v.guest_memory()
-            .read_slice(&mut out, gpa_of(base, c))
-            .unwrap();
-        assert_eq!(out, img);
-        // Pixel (150, 9) lives in tile 3 (second tile row, second column), row 1, byte 88.
-        let mut px = [0u8; 4];
-        v.guest_memory()
-            .read_slice(&mut px, gpa_of(base, b + 3 * 4096 + 512 + 88))
-            .unwrap();
-        let want = &img[9 * 800 + 600..9 * 800 + 604];
-        assert_eq!(&px, want);
-    }
-
-    #[test]
-    fn fast_copies_through_a_y_tiled_surface_and_back() {
-        let (mut v, base) = setup(64);
-        let (a, b, c) = (base, base + 16 * PAGE_SIZE, base + 40 * PAGE_SIZE);
-        // A: 64x40 pixels linear (pitch 256); B: Y-tiled, pitch 256 bytes = 2 tiles per row.
-        let img: Vec<u8> = (0..256 * 40).map(|i| (i * 13 % 251) as u8).collect();
-        v.guest_memory().write_slice(&img, gpa_of(base, a)).unwrap();
-        let rect = Rect {
-            x1: 0,
-            y1: 0,
-            x2: 64,
-            y2: 40,
-        };
-        let mut to_tiled = fast_copy(b, 64, rect, a, 256);
-        to_tiled[0] |= 2 << 13;
-        let mut from_tiled = fast_copy(c, 256, rect, b, 64);
-        from_tiled[0] |= 2 << 20;
-        run(&mut v, EngineId::Blitter, vec![to_tiled, from_tiled]);
-        assert!(v.faults().is_empty(), "{:?}", v.faults());
-        let mut out = vec![0u8; img.len()];
-        v.guest_memory()
-            .read_slice(&mut out, gpa_of(base, c))
-            .unwrap();
-        assert_eq!(out, img);
-        // Pixel (37, 33): byte 148 of row 33 -> tile 3 (second row, second column), column 1,
-        // row 1, byte 4.
-        let mut px = [0u8; 4];
-        v.guest_memory()
-            .read_slice(&mut px, gpa_of(base, b + 3 * 4096 + 512 + 16 + 4))
-            .unwrap();
-        assert_eq!(&px, &img[33 * 256 + 148..33 * 256 + 152]);
-        assert!(v.stats().skipped.is_empty());
-    }
-
-    #[test]
-    fn color_fill_and_fast_copy() {
-        let (mut v, base) = setup(16);
-        let (a, b) = (base, base + 8 * PAGE_SIZE);
-        let fill = build::xy_color_blt(
-            a,
-            256,
-            4,
-            Rect {
-                x1: 4,
-                y1: 2,
-                x2: 8,
-                y2: 3,
-            },
-            0x1122_3344,
-        );
-        let copy = fast_copy(
-            b,
-            256,
-            Rect {
-                x1: 0,
-                y1: 0,
-                x2: 64,
-                y2: 4,
-            },
-            a,
-            256,
-        );
-        run(&mut v, EngineId::Blitter, vec![fill, copy]);
-        let mut row = vec![0u8; 256];
-        v.guest_memory()
-            .read_slice(&mut row, gpa_of(base, b + 2 * 256))
-            .unwrap();
-        assert_eq!(&row[..16], &[0u8; 16]);
-        assert_eq!(&row[16..32], &[0x44, 0x33, 0x22, 0x11].repeat(4)[..]);
-        assert_eq!(&row[32..], &vec![0u8; 224][..]);
-        assert_eq!(v.stats().executed, 2);
-    }
-
-    #[test]
-    fn post_sync_writes_and_interrupts() {
-        let (mut v, base) = setup(4);
-        run(
-            &mut v,
-            EngineId::Render,
-            vec![
-                build::mi_store_data_imm(gmig_cmdparser::AddressSpace::Ggtt, base + 8, &[0xabcd]),
-                build::pipe_control(Some((
-                    gmig_cmdparser::AddressSpace::Ggtt,
-                    base + 16,
-                    0x1_0000_0002,
-                ))),
-                build::mi_flush_dw(Some((gmig_cmdparser::AddressSpace::Ggtt, base + 32, 7))),
-                build::mi_load_register_imm(&[(0x2600, 99)]),
-                build::mi_user_interrupt(),
-            ],
-        );
-        let mut m = [0u8; 40];
-        v.guest_memory()
-            .read_slice(&mut m, gpa_of(base, base))
-            .unwrap();
-        assert_eq!(u32::from_le_bytes(m[8..12].try_into().unwrap()), 0xabcd);
-        assert_eq!(
-            u64::from_le_bytes(m[16..24].try_into().unwrap()),
-            0x1_0000_0002
-        );
-        assert_eq!(u64::from_le_bytes(m[32..40].try_into().unwrap()), 7);
-        assert_eq!(v.mmio_read32(0x2600).unwrap(), 99);
-        assert_eq!(v.mmio_read32(mmio::GT_IIR0).unwrap() & 1, 1);
-        let log = v.take_write_log();
-        assert!(!log.unknown);
-        assert!(log.actual.is_subset(&log.candidate));
-    }
-
-    #[test]
-    fn a_draw_rewrites_render_target_and_depth() {
-        let (mut v, base) = setup(32);
-        let heap = base;
-        let rt = base + PAGE_SIZE;
-        let depth = base + 9 * PAGE_SIZE;
-        // Binding table entry 0 -> SURFACE_STATE at 64: 32x16, pitch 128.
-        let mut ss = [0u32; 16];
-        ss[2] = (15 << 16) | 31;
-        ss[3] = 127;
-        ss[8] = rt as u32;
-        let mut bytes = 64u32.to_le_bytes().to_vec();
-        bytes.resize(64, 0);
-        bytes.extend(ss.iter().flat_map(|d| d.to_le_bytes()));
-        v.guest_memory()
-            .write_slice(&bytes, gpa_of(base, heap))
-            .unwrap();
-        let mut db = vec![0u32; 8];
-        db[0] = 0x7805_0006;
-        db[1] = 127;
-        db[2] = depth as u32;
-        db[4] = (15 << 18) | (31 << 4);
-        run(
-            &mut v,
-            EngineId::Render,
-            vec![
-                build::state_base_address(heap, heap),
-                vec![0x782a_0000, 0],
-                db,
-                vec![0x7804_0001, 0x3f80_0000, 1],
-                build::primitive_3d(3),
-            ],
-        );
-        assert!(v.faults().is_empty(), "{:?}", v.faults());
-        let mut px = [0u8; 4];
-        v.guest_memory()
-            .read_slice(&mut px, gpa_of(base, rt + 15 * 128 + 124))
-            .unwrap();
-        assert_ne!(px, [0; 4], "last pixel of the render target written");
-        v.guest_memory()
-            .read_slice(&mut px, gpa_of(base, depth + 15 * 128 + 124))
-            .unwrap();
-        assert_ne!(px, [0; 4], "last depth value written");
-        let log = v.take_write_log();
-        assert!(log.unknown, "a draw's write set is unknown to the parser");
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
-        #[test]
-        fn any_command_soup_executes_without_panicking(
-            cmds in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u32>(), 1..24), 1..16),
-            engine in 0usize..4,
-        ) {
-            let (mut v, _) = setup(8);
-            run(&mut v, EngineId::ALL[engine], cmds);
-            proptest::prop_assert_eq!(v.stats().workloads + v.stats().refused, 1);
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,150 @@
+//! The value types the device, the shadowing step and the reference engine share: shadowed
+//! workloads and their commands, faults, per-engine state, execution statistics and the write
+//! log.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gmig_cmdparser::{BatchContext, GgttOffset};
+use serde::{Deserialize, Serialize};
+
+use crate::gm::Gfn;
+use crate::gtt::Space;
+use crate::mmio::{desc, EngineId};
+
+/// One command of a shadowed workload, in execution order (control flow already followed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShadowCommand {
+    /// The buffer the command came from (nesting level, privilege).
+    pub ctx: BatchContext,
+    /// Address space the command's implicit memory addresses use (GGTT for ring and GGTT batches).
+    pub space: Space,
+    /// Where the guest placed the command (guest-view GGTT offset or PPGTT address).
+    pub guest_addr: u64,
+    /// The command, DW0 first, GGTT addresses already in host slices.
+    pub dwords: Vec<u32>,
+}
+
+/// A submitted, audited and shadowed workload waiting for (or in) execution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Submission sequence number on this vGPU.
+    pub seq: u64,
+    /// Engine it was submitted to.
+    pub engine: EngineId,
+    /// The context descriptor the guest wrote to ELSP.
+    pub desc: u64,
+    /// Host-slice GGTT offset of the context image (the LRCA rebased).
+    pub lrca: GgttOffset,
+    /// Ring tail the context image asked for; written back as the head on completion.
+    pub ring_tail: u32,
+    /// PPGTT root of the context (guest-physical), if it has one.
+    pub pml4: Option<u64>,
+    /// The commands.
+    pub commands: Vec<ShadowCommand>,
+}
+
+impl Workload {
+    /// The context ID (upper dword of the descriptor).
+    pub fn ctx_id(&self) -> u32 {
+        (self.desc >> desc::CTX_ID_SHIFT) as u32
+    }
+}
+
+/// Why a workload was refused or stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultKind {
+    /// The command parser's audit refused it (forbidden command, out-of-slice address, register).
+    Audit,
+    /// The walk failed: undecodable command, bad nesting, loop/budget exhausted.
+    Walk,
+    /// The context image or ring could not be read.
+    Context,
+    /// A GPU memory access faulted during execution.
+    Memory,
+}
+
+impl FaultKind {
+    pub(crate) fn code(self) -> u32 {
+        match self {
+            FaultKind::Audit => 1,
+            FaultKind::Walk => 2,
+            FaultKind::Context => 3,
+            FaultKind::Memory => 4,
+        }
+    }
+}
+
+/// A GPU error reported to the guest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFault {
+    /// Engine.
+    pub engine: EngineId,
+    /// Context ID of the refused submission.
+    pub ctx_id: u32,
+    /// Category.
+    pub kind: FaultKind,
+    /// Human-readable reason (from the parser or the engine).
+    pub reason: String,
+}
+
+/// Per-engine execlist state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineState {
+    /// ELSP dwords written so far (a submission is four writes).
+    pub elsp: Vec<u32>,
+    /// CSB write pointer.
+    pub csb_wp: u32,
+    /// Workloads completed (including refused ones).
+    pub completed: u64,
+}
+
+/// Counters of what the engine did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecStats {
+    /// Commands executed with an effect modelled by the reference engine.
+    pub executed: u64,
+    /// Valid commands decoded and skipped, by name.
+    pub skipped: BTreeMap<String, u64>,
+    /// Workloads run to completion.
+    pub workloads: u64,
+    /// Workloads refused before execution or stopped by a fault.
+    pub refused: u64,
+    /// GPU clock (commands executed since creation), used for timestamps.
+    pub clock: u64,
+    /// The most guest pages one workload's commands wrote (the reference engine's own record):
+    /// the MIG_DATA_SIZE estimate's figure for a queued workload whose write set is unknown.
+    pub max_workload_pages: u64,
+}
+
+/// What executed commands may have written: the migration engine's candidate dirty set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WriteLog {
+    /// Guest frames the executed commands' write sets (from gmig-cmdparser) cover.
+    pub candidate: BTreeSet<Gfn>,
+    /// Some executed command's write set was unknown (a draw, a media object): assume anything.
+    pub unknown: bool,
+    /// Guest frames the reference engine actually wrote (always a subset of what a sound
+    /// candidate set plus `unknown` allows; kept for checking that).
+    pub actual: BTreeSet<Gfn>,
+    /// Commands logged.
+    pub commands: u64,
+}
+
+impl WriteLog {
+    /// Merges another log into this one.
+    pub fn merge(&mut self, mut other: WriteLog) {
+        self.candidate.append(&mut other.candidate);
+        self.actual.append(&mut other.actual);
+        self.unknown |= other.unknown;
+        self.commands += other.commands;
+    }
+}
+
+/// What a bounded drain did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Workloads executed during the drain.
+    pub executed: usize,
+    /// Workloads still queued (they travel in the checkpoint).
+    pub queued: usize,
+}
