@@ -31,7 +31,7 @@
 
 use std::fmt;
 
-use crate::kernel::IovaRange;
+use crate::dma_log::IovaRange;
 use crate::state::MigrationFeatures;
 
 /// Errors a device reports from an arc or a data operation.

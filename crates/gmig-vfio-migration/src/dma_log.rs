@@ -17,7 +17,14 @@
 
 use gmig_dirty::{DirtyBitmap, Gfn, PAGE_SIZE};
 
-use crate::kernel::IovaRange;
+/// An IOVA range for DMA logging (`struct vfio_device_feature_dma_logging_range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IovaRange {
+    /// First IOVA of the range.
+    pub iova: u64,
+    /// Length in bytes.
+    pub length: u64,
+}
 
 /// The kernel's limit on ranges (one page of `struct vfio_device_feature_dma_logging_range`).
 pub const MAX_RANGES: usize = 4096 / 16;

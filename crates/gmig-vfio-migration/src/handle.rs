@@ -14,7 +14,7 @@
 //!   back, ERROR otherwise; ERROR is left only by [`MigrationHandle::reset`].
 
 use crate::device::{ArcFailure, DeviceError, MigrationDevice, PrecopyInfo};
-use crate::kernel::IovaRange;
+use crate::dma_log::IovaRange;
 use crate::state::{self, ArcKind, DeviceState, MigrationFeatures, StateError};
 
 /// Errors of the handle.

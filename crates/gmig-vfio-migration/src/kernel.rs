@@ -21,17 +21,13 @@ use std::io;
 
 use crate::device::PrecopyInfo;
 use crate::handle::ReadOutcome;
-use crate::state::{self, DeviceState, MigrationFeatures, StateError};
+use crate::state::{self, DeviceState, MigrationFeatures};
 use crate::target::{MigrationTarget, Result as TargetResult, TargetError};
 
-/// An IOVA range for DMA logging (`struct vfio_device_feature_dma_logging_range`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IovaRange {
-    /// First IOVA of the range.
-    pub iova: u64,
-    /// Length in bytes.
-    pub length: u64,
-}
+pub(crate) mod error;
+
+pub use crate::dma_log::IovaRange;
+pub use error::{KernelError, Result};
 
 /// The syscall seam: the migration operations of one kernel VFIO device fd.
 ///
@@ -135,56 +131,6 @@ impl VfioMigrationOps for vfio_ioctls::VfioDevice {
         Ok(())
     }
 }
-
-/// Errors of the kernel driver.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KernelError {
-    /// The device does not implement VFIO migration v2.
-    #[error("device does not support VFIO migration v2")]
-    NotMigratable,
-    /// The request was refused before any ioctl (invalid for this device's features).
-    #[error("state request refused: {0}")]
-    Refused(#[from] StateError),
-    /// The kernel reported a state value outside the uAPI.
-    #[error("kernel reported unknown state {0}")]
-    UnknownState(u32),
-    /// `MIG_DEVICE_STATE` SET failed; `now` is the state the kernel reports afterwards.
-    #[error("setting state {requested} from {from} failed (errno {errno:?}), device now {now}: {source}")]
-    SetState {
-        /// The state requested.
-        requested: DeviceState,
-        /// The state before the request.
-        from: DeviceState,
-        /// The state read back after the failure (ERROR if it could not be read).
-        now: DeviceState,
-        /// The errno.
-        errno: Option<i32>,
-        /// The error.
-        #[source]
-        source: io::Error,
-    },
-    /// Another ioctl or data-fd operation failed.
-    #[error("{op} failed (errno {errno:?}): {source}", errno = source.raw_os_error())]
-    Op {
-        /// The operation.
-        op: &'static str,
-        /// The error.
-        #[source]
-        source: io::Error,
-    },
-    /// A data operation was attempted with no stream open.
-    #[error("{op}: no data stream is open in state {state}")]
-    NoStream {
-        /// The operation.
-        op: &'static str,
-        /// The current state.
-        state: DeviceState,
-    },
-}
-
-/// Result type of the kernel driver.
-pub type Result<T> = std::result::Result<T, KernelError>;
 
 fn op(op: &'static str) -> impl FnOnce(io::Error) -> KernelError {
     move |source| KernelError::Op { op, source }

@@ -68,7 +68,8 @@ pub use device::{
     ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, PrecopyInfo, RunControl,
     StateLoader, StateSaver,
 };
+pub use dma_log::IovaRange;
 pub use handle::{DataStream, MigrationHandle, ReadOutcome, StreamId, StreamKind, Transition};
-pub use kernel::{IovaRange, KernelDevice, VfioMigrationOps};
+pub use kernel::{KernelDevice, VfioMigrationOps};
 pub use state::{DeviceState, MigrationFeatures};
 pub use target::{MigrationTarget, TargetError};

@@ -20,8 +20,8 @@
 use std::io::{Read, Write};
 
 use crate::device::{DeviceError, MigrationDevice, PrecopyInfo};
+use crate::dma_log::IovaRange;
 use crate::handle::{HandleError, MigrationHandle, ReadOutcome};
-use crate::kernel::IovaRange;
 use crate::state::{DeviceState, MigrationFeatures};
 
 /// Errors of a migration target or driver.
@@ -33,7 +33,7 @@ pub enum TargetError {
     Handle(#[from] HandleError),
     /// The kernel device refused or failed (errno-level detail inside).
     #[error(transparent)]
-    Kernel(#[from] crate::kernel::KernelError),
+    Kernel(#[from] crate::kernel::error::KernelError),
     /// Reading the source or writing the sink of a driver failed.
     #[error("stream I/O: {0}")]
     Io(#[from] std::io::Error),

@@ -22,7 +22,7 @@ use crate::device::{
     RunControl, StateLoader, StateSaver,
 };
 use crate::dma_log::DmaLogSlot;
-use crate::kernel::IovaRange;
+use crate::dma_log::IovaRange;
 use crate::state::{ArcKind, MigrationFeatures};
 
 const MAGIC: &[u8; 4] = b"GBLB";

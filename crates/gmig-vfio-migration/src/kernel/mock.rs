@@ -7,8 +7,9 @@
 
 use std::io;
 
-use super::{IovaRange, VfioMigrationOps};
+use super::VfioMigrationOps;
 use crate::device::{MigrationDevice, PrecopyInfo};
+use crate::dma_log::IovaRange;
 use crate::handle::{HandleError, MigrationHandle, ReadOutcome, StreamId};
 use crate::state::DeviceState;
 
