@@ -59,7 +59,7 @@ impl Failure {
                 "`gmig {what}` is not built yet in this version (it arrives with {by}); nothing was done"
             ),
             Failure::Check(msg) => format!("check failed: {msg}"),
-            Failure::Error(e) => format!("{e:#}"),
+            Failure::Error(e) => chain(e),
         }
     }
 
@@ -74,5 +74,53 @@ impl Failure {
             eprintln!("gmig: {message}");
         }
         ExitCode::from(code)
+    }
+}
+
+/// The error and its causes, each said once: many error types already include their source in
+/// their own message, so a cause whose text is already part of what was said is not repeated.
+fn chain(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("bad magic")]
+    struct Leaf;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("device data operation failed: {0}")]
+    struct Wraps(#[source] Leaf);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the stream")]
+    struct Context(#[source] Leaf);
+
+    #[test]
+    fn a_cause_already_in_the_message_is_said_once() {
+        let e = anyhow::Error::new(Wraps(Leaf)).context("incoming migration");
+        let msg = Failure::Error(e).message();
+        assert_eq!(
+            msg,
+            "incoming migration: device data operation failed: bad magic"
+        );
+        assert_eq!(msg.matches("bad magic").count(), 1);
+    }
+
+    #[test]
+    fn a_cause_not_in_the_message_is_appended() {
+        let e = anyhow::Error::new(Context(Leaf));
+        assert_eq!(Failure::Error(e).message(), "reading the stream: bad magic");
     }
 }

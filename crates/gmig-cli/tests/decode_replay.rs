@@ -258,3 +258,26 @@ fn replay_exits_3_when_the_result_differs() {
         Some(1)
     );
 }
+
+#[test]
+fn decode_of_an_empty_file_says_there_is_nothing_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.aub");
+    std::fs::write(&empty, b"").unwrap();
+    for raw in [false, true] {
+        let mut args = vec!["decode", s(&empty)];
+        if raw {
+            args.push("--raw");
+        }
+        let out = gmig(&args);
+        assert_eq!(out.status.code(), Some(1), "raw={raw}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let want = if raw {
+            "no dwords to decode"
+        } else {
+            "no submissions"
+        };
+        assert!(err.contains(want), "raw={raw}: {err}");
+        assert!(out.stdout.is_empty(), "raw={raw}");
+    }
+}

@@ -151,3 +151,36 @@ fn a_bad_address_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("neither HOST:PORT nor unix:PATH"), "{err}");
 }
+
+#[test]
+fn an_incoming_stream_of_random_bytes_is_refused_with_its_cause_said_once() {
+    use std::io::Write as _;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let dest = gmig()
+        .args(["migrate", "--listen", &addr, "--ram-mib", "48"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Deterministic noise that cannot start with the stream magic.
+    let noise: Vec<u8> = (0u32..65_536)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut conn = None;
+    for _ in 0..200 {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(c) => {
+                conn = Some(c);
+                break;
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    let mut conn = conn.expect("destination listens");
+    let _ = conn.write_all(&noise);
+    drop(conn);
+    let out = dest.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("bad magic").count(), 1, "{err}");
+}

@@ -65,6 +65,24 @@ pub fn run(args: &DecodeArgs, json: bool) -> Result<(), Failure> {
             None => items,
         }
     };
+    let errored = items.iter().any(|i| matches!(i, ListingItem::Error { .. }));
+    let nothing = if args.raw {
+        bytes.is_empty()
+    } else {
+        !items
+            .iter()
+            .any(|i| matches!(i, ListingItem::Submission { .. }))
+    };
+    if nothing && !errored {
+        let what = match (args.raw, args.engine) {
+            (true, _) => "no dwords to decode".to_owned(),
+            (false, Some(e)) => format!("no submissions to the {e:?} engine"),
+            (false, None) => "no submissions".to_owned(),
+        };
+        return Err(
+            anyhow::anyhow!("{} ({} bytes): {what}", args.file.display(), bytes.len()).into(),
+        );
+    }
     if json {
         for item in &items {
             println!("{}", item_json(item));
