@@ -41,6 +41,7 @@ fn downtime(policy: Policy) -> Duration {
         slices: d,
         ram_bytes: RAM,
         opts: RestoreOptions::default(),
+        memory: None,
     };
     let (a, b) = mem_pair(1 << 20);
     let c2 = cfg.clone();

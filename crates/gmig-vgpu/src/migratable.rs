@@ -96,6 +96,41 @@ impl VgpuVm {
         })
     }
 
+    /// A vGPU of type `ty` in `slices` on existing guest memory `mem` (the VMM's RAM, shared with
+    /// the guest), with no guest-driver model: the guest that drives it is real (or attached later
+    /// with [`VgpuVm::attach_driver`]).
+    pub fn on_memory(
+        ty: VgpuType,
+        slices: VgpuSlices,
+        mem: GuestMemoryMmap,
+    ) -> Result<Self, VmError> {
+        let vgpu = Vgpu::new(VgpuConfig::new(ty, 1), slices, mem).map_err(|e| vm_err("vGPU", e))?;
+        Ok(Self {
+            vgpu,
+            driver: None,
+            tracking: None,
+        })
+    }
+
+    /// Boot the guest-driver model for `profile` on this vGPU (its objects go into guest memory,
+    /// its GGTT entries through the vGPU's registers), as [`VgpuVm::boot`] does.
+    pub fn boot_driver(
+        &mut self,
+        profile: Profile,
+        wcfg: WorkloadConfig,
+        seed: u64,
+    ) -> Result<(), VmError> {
+        let driver = GuestDriver::boot(&mut self.vgpu, profile, wcfg, seed)
+            .map_err(|e| vm_err("guest driver", e))?;
+        self.driver = Some(driver);
+        Ok(())
+    }
+
+    /// The vGPU, mutably (a VMM forwards the guest's MMIO accesses to it).
+    pub fn vgpu_mut(&mut self) -> &mut Vgpu {
+        &mut self.vgpu
+    }
+
     /// The vGPU.
     pub fn vgpu(&self) -> &Vgpu {
         &self.vgpu
@@ -336,6 +371,33 @@ pub struct VgpuFactory {
     pub ram_bytes: u64,
     /// Restore options (remapping off only for negative controls).
     pub opts: RestoreOptions,
+    /// Guest memory the restored vGPU must use on this host: the VMM's own RAM (for example a
+    /// vfio-user client's DMA-mapped RAM, or a KVM VMM's memfd-backed RAM), into which the stream's
+    /// pages are written. `None`: private RAM of `ram_bytes` is allocated.
+    pub memory: Option<GuestMemoryMmap>,
+}
+
+impl VgpuFactory {
+    /// A destination for a `ty` vGPU of generation `gen` placed at `slices`, with `ram_bytes` of
+    /// private guest RAM and remapping on.
+    pub fn new(gen: Gen, ty: VgpuType, slices: VgpuSlices, ram_bytes: u64) -> Self {
+        Self {
+            gen,
+            ty,
+            slices,
+            ram_bytes,
+            opts: RestoreOptions { remap: true },
+            memory: None,
+        }
+    }
+
+    /// Restore onto `memory` (the VMM's guest RAM) instead of private RAM.
+    #[must_use]
+    pub fn on_memory(mut self, memory: GuestMemoryMmap) -> Self {
+        self.ram_bytes = ram_size(&memory);
+        self.memory = Some(memory);
+        self
+    }
 }
 
 impl VmFactory for VgpuFactory {
@@ -356,8 +418,15 @@ impl VmFactory for VgpuFactory {
                 header.guest_pages, self.ram_bytes
             )));
         }
+        if let Some(mem) = &self.memory {
+            return Ok(mem.clone());
+        }
         let ram = usize::try_from(self.ram_bytes).map_err(|e| vm_err("guest RAM size", e))?;
         new_guest_ram(ram).map_err(|e| vm_err("guest RAM", e))
+    }
+
+    fn memory_is_zeroed(&self) -> bool {
+        self.memory.is_none()
     }
 
     fn restore(

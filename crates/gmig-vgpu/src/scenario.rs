@@ -120,6 +120,7 @@ pub fn run_loopback(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result
         slices: dst_slices,
         ram_bytes: s.ram_bytes,
         opts: RestoreOptions::default(),
+        memory: None,
     };
     let dcfg = s.cfg.clone();
     let dest = thread::spawn(move || {

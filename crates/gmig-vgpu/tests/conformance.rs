@@ -29,6 +29,7 @@ fn factory(slices: VgpuSlices) -> VgpuFactory {
         slices,
         ram_bytes: RAM,
         opts: RestoreOptions { remap: true },
+        memory: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn factory(d: VgpuSlices, remap: bool) -> VgpuFactory {
         slices: d,
         ram_bytes: RAM,
         opts: RestoreOptions { remap },
+        memory: None,
     }
 }
 
@@ -232,4 +233,60 @@ fn mig_data_size_is_within_2x_above_the_vgpu_stop_copy_bytes() {
             );
         }
     }
+}
+
+/// A destination restoring onto memory it was handed (a VMM's RAM) writes the stream's pages into
+/// that memory, and a vGPU built with `VgpuVm::on_memory` drives the guest from the same memory:
+/// what the migrated vGPU renders is visible through the VMM's mapping.
+#[test]
+fn a_destination_on_vmm_memory_restores_into_that_memory() {
+    use vm_memory::{Bytes, GuestAddress};
+    let (s, d) = slices();
+    let mut vm = boot(Profile::Desktop, 5, s);
+    vm.run_steps(BEFORE).unwrap();
+    let c = cfg(Policy::OneShotNarrow);
+    let c2 = c.clone();
+    let vmm_ram = gmig_vgpu::gtt::new_guest_ram(RAM as usize).unwrap();
+    let canary = GuestAddress(RAM - 8);
+    vmm_ram.write_obj(0xdead_beef_u64, canary).unwrap();
+    let f = factory(d, true).on_memory(vmm_ram.clone());
+    let (a, b) = tcp_pair();
+    let dest = thread::spawn(move || migrate_destination(f, b, &c2));
+    let mut handle = source_handle(vm, &c).unwrap();
+    migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap();
+    let mut src = handle.into_device().into_vm();
+    let (mut moved, _) = dest.join().unwrap().unwrap();
+    moved.attach_driver(src.take_driver().unwrap());
+    moved.run_steps(AFTER).unwrap();
+    moved.finish().unwrap();
+    // Every page the migrated guest can see is the VMM's: same bytes through both mappings.
+    let mut a = vec![0u8; RAM as usize];
+    let mut b = vec![0u8; RAM as usize];
+    moved.memory().read_slice(&mut a, GuestAddress(0)).unwrap();
+    vmm_ram.read_slice(&mut b, GuestAddress(0)).unwrap();
+    assert!(a == b, "the restored vGPU does not use the VMM's RAM");
+    // The source's last page was zero, so the stream wrote a zero over the canary, proving the
+    // pages landed in the VMM's RAM rather than in a private copy.
+    assert_ne!(vmm_ram.read_obj::<u64>(canary).unwrap(), 0xdead_beef);
+    // And the result equals the unmigrated run.
+    let mut reference = boot(Profile::Desktop, 5, s);
+    reference.run_steps(moved.frames()).unwrap();
+    reference.finish().unwrap();
+    assert!(compare_guest_visible(reference.vgpu(), moved.vgpu()).is_identical());
+}
+
+/// `VgpuVm::on_memory` + `boot_driver` is the same guest as `VgpuVm::boot`.
+#[test]
+fn a_vgpu_on_given_memory_runs_the_same_guest_as_a_booted_one() {
+    let (s, _) = slices();
+    let mem = gmig_vgpu::gtt::new_guest_ram(RAM as usize).unwrap();
+    let mut a = gmig_vgpu::migratable::VgpuVm::on_memory(TY, s, mem).unwrap();
+    a.boot_driver(Profile::Video, WorkloadConfig::small(), 9)
+        .unwrap();
+    let mut b = boot(Profile::Video, 9, s);
+    a.run_steps(3).unwrap();
+    b.run_steps(3).unwrap();
+    a.finish().unwrap();
+    b.finish().unwrap();
+    assert!(compare_guest_visible(a.vgpu(), b.vgpu()).is_identical());
 }

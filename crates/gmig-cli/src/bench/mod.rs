@@ -387,6 +387,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         slices: d,
         ram_bytes: ram,
         opts: RestoreOptions { remap: true },
+        memory: None,
     };
     let dcfg = cfg.clone();
     let applied = Arc::new(AtomicU64::new(0));

@@ -177,6 +177,7 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
         slices,
         ram_bytes: args.ram_mib << 20,
         opts: RestoreOptions::default(),
+        memory: None,
     };
     let (mut vm, rep) =
         migrate_destination(factory, conn, &engine_cfg(args)).context("incoming migration")?;

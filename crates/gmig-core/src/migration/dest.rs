@@ -230,9 +230,13 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
                             .create_memory(&header)
                             .map_err(|e| DeviceError::Failed(e.to_string()))?;
                         self.memory = Some(mem);
-                        // Bounded: the header's guest size passed `max_guest_pages`.
-                        self.written =
-                            vec![false; usize::try_from(header.guest_pages).unwrap_or(0)];
+                        // Bounded: the header's guest size passed `max_guest_pages`. Memory that is
+                        // not known to be zero gets every zero page written (no `written` map).
+                        self.written = if self.factory.memory_is_zeroed() {
+                            vec![false; usize::try_from(header.guest_pages).unwrap_or(0)]
+                        } else {
+                            Vec::new()
+                        };
                     }
                 }
                 match section {

@@ -72,12 +72,19 @@ pub trait VmFactory: Send {
     type Vm: MigratableVm;
     /// What this destination accepts.
     fn compatibility(&self) -> Compatibility;
-    /// Private, zero-filled guest memory for the incoming stream (nobody runs on it until
-    /// restore; zero pages for frames not yet written are not written again).
+    /// Guest memory for the incoming stream: private and zero-filled (nobody runs on it until
+    /// restore; zero pages for frames not yet written are not written again), or — when
+    /// [`VmFactory::memory_is_zeroed`] says otherwise — memory the VMM handed over, into which every
+    /// page is written, zero pages too.
     fn create_memory(
         &mut self,
         header: &StreamHeader,
     ) -> std::result::Result<GuestMemoryMmap, VmError>;
+    /// Whether [`VmFactory::create_memory`] returns zero-filled memory (the default: yes). A
+    /// factory that restores onto a VMM's own RAM, whose contents are not known, returns `false`.
+    fn memory_is_zeroed(&self) -> bool {
+        true
+    }
     /// Build the VM from the received memory and state, remapping onto this host's slices.
     fn restore(
         &mut self,
