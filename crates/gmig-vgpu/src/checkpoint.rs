@@ -254,6 +254,7 @@ impl Vgpu {
             next_seq: state.next_seq,
             write_log: WriteLog::default(),
             ctx_heads: state.ctx_heads.iter().copied().collect(),
+            irqs_raised: 0,
         };
         // Shadow registers: rebase host addresses onto the new slices.
         for &(reg, value) in &state.sregs {

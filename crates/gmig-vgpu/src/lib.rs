@@ -10,7 +10,7 @@
 //! engine ([`work`]); comparing two vGPUs' guest-visible state ([`compare`]); shadowing guest submissions into host
 //! addressing with audit ([`shadow`]); the reference engine ([`exec`]); the guest-driver model and
 //! its five profiles ([`workload`]); the versioned checkpoint and restore with remapping
-//! ([`checkpoint`]). With the default `engine` feature, also the vGPU as a device the migration
+//! ([`checkpoint`]); the vGPU as a PCI function — config space, BAR0/BAR2 access, MSI ([`pci`]). With the default `engine` feature, also the vGPU as a device the migration
 //! engine moves ([`migratable`]: `VgpuVm`, `VgpuFactory`) and a whole migration in one process
 //! ([`scenario`], behind `gmig demo`).
 //!
@@ -27,6 +27,7 @@ pub mod gtt;
 #[cfg(feature = "engine")]
 pub mod migratable;
 pub mod mmio;
+pub mod pci;
 #[cfg(feature = "engine")]
 pub mod scenario;
 pub mod shadow;

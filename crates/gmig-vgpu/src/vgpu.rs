@@ -104,6 +104,9 @@ pub struct Vgpu {
     /// Per context (guest-view LRCA): the ring offset up to which work was already submitted
     /// (the hardware's lite-restore head), so a resubmission walks only the new commands.
     pub(crate) ctx_heads: BTreeMap<u64, u32>,
+    /// User interrupts raised since this vGPU was created on this host (not migrated: a VMM
+    /// compares it before and after running work to know when to signal MSI).
+    pub(crate) irqs_raised: u64,
 }
 
 impl Vgpu {
@@ -132,6 +135,7 @@ impl Vgpu {
             next_seq: 0,
             write_log: WriteLog::default(),
             ctx_heads: BTreeMap::new(),
+            irqs_raised: 0,
         })
     }
 
@@ -207,6 +211,12 @@ impl Vgpu {
             mem: &self.mem,
             pml4,
         }
+    }
+
+    /// User interrupts the executed work raised on this host so far (a counter the device
+    /// front end compares to decide when to signal the guest's MSI).
+    pub fn interrupts_raised(&self) -> u64 {
+        self.irqs_raised
     }
 
     // ---- MMIO ----
@@ -439,6 +449,7 @@ impl Vgpu {
             self.vregs.insert(r, v);
         }
         if out.interrupt {
+            self.irqs_raised += 1;
             let (reg, bit) = w.engine.user_interrupt();
             *self.vregs.entry(reg).or_insert(0) |= bit;
         }
