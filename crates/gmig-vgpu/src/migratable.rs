@@ -216,6 +216,11 @@ impl MigratableVm for VgpuVm {
             .collect()
     }
 
+    fn migratable_pages_fixed(&self) -> bool {
+        // All of guest RAM, whose size never changes.
+        true
+    }
+
     fn step(&mut self) -> Result<(), VmError> {
         let d = self
             .driver

@@ -289,17 +289,23 @@ impl<V: MigratableVm> SourceDevice<V> {
         self.states = Some(states);
         self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
 
-        self.queue.clear();
         let Some(snap) = self.snap.take() else {
             // Stop-and-copy: no pre-copy, every migratable page goes now.
+            self.queue.clear();
             self.queue.extend(self.vm.migratable_pages());
             self.stop_copy_planned = self.queue.len() as u64;
             self.phase = Phase::StopCopy;
             return Ok(());
         };
-        // Pages that became migratable after pre-copy started were never tracked: send them.
+        // Tracked pages pre-copy has not sent yet are found by the re-hash (a page with no
+        // recorded hash counts as changed), so the pre-copy queue is dropped. Pages that became
+        // migratable after pre-copy began were never tracked and go as they are; a VM whose
+        // migratable set is fixed has none, and listing it again (O(guest)) is skipped.
         let tracked = snap.tracked().clone();
-        self.queue.extend(untracked_pages(&self.vm, &tracked));
+        self.queue.clear();
+        if !self.vm.migratable_pages_fixed() {
+            self.queue.extend(untracked_pages(&self.vm, &tracked));
+        }
         let candidates = match (self.policy, self.vm.write_candidates()) {
             (Policy::OneShotNarrow, Candidates::Pages(pages)) => {
                 let mut b = bitmap_of(self.guest_pages, pages)?;

@@ -42,6 +42,13 @@ pub trait MigratableVm: Send {
     fn memory(&self) -> &GuestMemoryMmap;
     /// Guest frames the migration carries (the GTT-backed pages, and any the guest uses).
     fn migratable_pages(&self) -> Vec<Gfn>;
+    /// Whether [`MigratableVm::migratable_pages`] is the same set for the VM's whole life (all of
+    /// guest RAM, say). Then the engine does not list it again in downtime to find pages that
+    /// became migratable after pre-copy began (there are none), which would cost O(guest size).
+    /// The default, `false`, lists the set again at the stop.
+    fn migratable_pages_fixed(&self) -> bool {
+        false
+    }
     /// Run the guest workload one step (a frame) while it is running.
     fn step(&mut self) -> std::result::Result<(), VmError>;
     /// Start recording the candidate set: pages written by executed commands and by the CPU.
