@@ -88,6 +88,14 @@ fn migrated_run(
     );
     let (mut vm, dest_report) = dest.join().unwrap().unwrap();
     assert_eq!(dest_report.pages, report.pages_total);
+    // The downtime split adds up: the consecutive phases the source measures never exceed the
+    // downtime (the rest is starting the stop itself, outside the quiesce).
+    let split = report.quiesce_ms + report.transfer_ms + report.dest_finish_ms + report.commit_ms;
+    assert!(split <= report.downtime_ms + 1e-6, "{report:?}");
+    assert!(
+        report.dest_finish_ms >= 0.0 && report.commit_ms > 0.0,
+        "{report:?}"
+    );
     let remaining = TOTAL_STEPS - BEFORE - report.steps_during_precopy;
     let digest = (|| {
         for _ in 0..remaining {

@@ -209,6 +209,10 @@ pub struct Row {
     pub hash_ms: f64,
     /// End of quiesce to the last stop-copy byte.
     pub transfer_ms: f64,
+    /// Last stop-copy byte to the destination's Restored (median, ms).
+    pub dest_finish_ms: f64,
+    /// Restored to Resumed: commit round trip and resume (median, ms).
+    pub commit_ms: f64,
     /// Destination: applying device state.
     pub restore_ms: f64,
     /// Destination: GGTT remapping.
@@ -280,6 +284,8 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         quiesce_ms: median(&f(|s| s.report.quiesce_ms)),
         hash_ms: median(&f(|s| s.report.hash_ms)),
         transfer_ms: median(&f(|s| s.report.transfer_ms)),
+        dest_finish_ms: median(&f(|s| s.report.dest_finish_ms)),
+        commit_ms: median(&f(|s| s.report.commit_ms)),
         restore_ms: median(&f(|s| s.report.restore_ms)),
         remap_ms: median(&f(|s| s.report.remap_ms)),
         pages_precopy: u(|s| s.report.pages_precopy),

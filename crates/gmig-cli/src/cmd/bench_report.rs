@@ -173,13 +173,13 @@ fn mib(b: u64) -> f64 {
 pub(crate) fn markdown_table(rows: &[Row]) -> String {
     let mut s = String::new();
     s.push_str(
-        "| profile | vGPU | policy | link | downtime p50 / p95 / max (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound |\n",
+        "| profile | vGPU | policy | link | downtime p50 / p95 / max (ms) | split: quiesce + transfer + dest + commit (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound |\n",
     );
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} + {:.2} + {:.2} + {:.2} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
             r.profile,
             r.vgpu_type,
             r.policy,
@@ -187,6 +187,10 @@ pub(crate) fn markdown_table(rows: &[Row]) -> String {
             r.downtime_ms.p50,
             r.downtime_ms.p95,
             r.downtime_ms.max,
+            r.quiesce_ms,
+            r.transfer_ms,
+            r.dest_finish_ms,
+            r.commit_ms,
             r.total_ms.p50,
             r.pages_precopy,
             r.pages_stop_copy,

@@ -69,8 +69,15 @@ fn human_bytes(b: u64) -> String {
 fn print_report(r: &MigrationReport) {
     println!("policy            {}", r.policy.name());
     println!(
-        "downtime          {:.2} ms (quiesce {:.2}, hash {:.2} overlapped with transfer {:.2}, restore {:.2}, remap {:.2})",
-        r.downtime_ms, r.quiesce_ms, r.hash_ms, r.transfer_ms, r.restore_ms, r.remap_ms
+        "downtime          {:.2} ms = quiesce {:.2} + transfer {:.2} (hash {:.2} overlapped) + destination {:.2} (restore {:.2}, remap {:.2}) + commit {:.2}",
+        r.downtime_ms,
+        r.quiesce_ms,
+        r.transfer_ms,
+        r.hash_ms,
+        r.dest_finish_ms,
+        r.restore_ms,
+        r.remap_ms,
+        r.commit_ms
     );
     println!(
         "pre-copy          {:.1} ms, {} round(s), {} frames ran meanwhile",

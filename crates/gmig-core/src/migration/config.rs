@@ -229,6 +229,15 @@ pub struct MigrationReport {
     pub hash_ms: f64,
     /// From the end of quiesce to the last stop-copy byte written.
     pub transfer_ms: f64,
+    /// Last stop-copy byte written to the destination's Restored: the destination applying what
+    /// was still in flight, validating END, restoring and remapping, and one network trip. (The
+    /// destination may finish part of that before the source's last write returns, so
+    /// `restore_ms` + `remap_ms` can exceed it.)
+    pub dest_finish_ms: f64,
+    /// Restored to Resumed: the commit's round trip and the destination's switch to RUNNING.
+    /// `downtime_ms` = `quiesce_ms` + `transfer_ms` + `dest_finish_ms` + `commit_ms` (+ the
+    /// state change that starts the stop).
+    pub commit_ms: f64,
     /// Destination: applying the device state.
     pub restore_ms: f64,
     /// Destination: GGTT remapping.

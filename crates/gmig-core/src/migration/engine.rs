@@ -266,6 +266,7 @@ fn run_source<V: MigratableVm, C: Connection>(
     );
 
     expect_control(conn, P::Restore, &Control::Restored)?;
+    let t_restored = Instant::now();
     Control::Commit.write_to(conn).map_err(io_err(P::Commit))?;
     *committed = true;
     tracing::debug!("committed: the vGPU belongs to the destination");
@@ -295,6 +296,8 @@ fn run_source<V: MigratableVm, C: Connection>(
         quiesce_ms: ns_ms(stats.quiesce_ns),
         hash_ms: ns_ms(stats.hash_ns),
         transfer_ms: ms(t_sent.saturating_duration_since(t_quiesced)),
+        dest_finish_ms: ms(t_restored.saturating_duration_since(t_sent)),
+        commit_ms: ms(t_resumed.saturating_duration_since(t_restored)),
         restore_ms: ns_ms(restore_ns),
         remap_ms: ns_ms(remap_ns),
         precopy_ms: ms(t_stop - t_start),
