@@ -4,12 +4,15 @@
 //! they cannot drift apart. Not a public API: nothing outside the workspace's tests depends on it.
 //!
 //! **Owns:** vGPU slice placements for "the destination sits elsewhere" tests ([`moved_slices`]);
-//! fault-injecting connections ([`Corrupting`]).
+//! fault-injecting connections ([`Corrupting`]); the fuzz harnesses for every decoder of untrusted
+//! bytes ([`fuzz`]), shared by `fuzz/` and CI's smoke tests.
 //!
 //! **Must not know about:** anything a production path needs.
 #![warn(missing_docs)]
 
 use std::io::{self, Read, Write};
+
+pub mod fuzz;
 
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
 

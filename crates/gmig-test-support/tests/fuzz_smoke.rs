@@ -1,0 +1,104 @@
+//! Smoke runs of the fuzz harnesses (`gmig_test_support::fuzz`) on every CI run: each harness on
+//! a valid seed and on deterministic mutations of it (bit flips, truncations, splices, garbage).
+//! The campaigns with coverage feedback run under `cargo fuzz` (docs/fuzzing.md); these runs
+//! prove the harnesses build, accept their seeds and refuse broken input without panicking.
+
+use std::path::Path;
+
+use gmig_test_support::fuzz;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// `n` mutations of `seed`: flipped bytes, a truncation, a duplicated range, or random bytes.
+fn mutations(seed: &[u8], n: usize, rng_seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = Rng(rng_seed);
+    (0..n)
+        .map(|i| {
+            let mut v = seed.to_vec();
+            match i % 4 {
+                0 => {
+                    for _ in 0..1 + rng.below(4) {
+                        let at = rng.below(v.len());
+                        if let Some(b) = v.get_mut(at) {
+                            *b ^= 1 << rng.below(8);
+                        }
+                    }
+                }
+                1 => v.truncate(rng.below(v.len())),
+                2 if !v.is_empty() => {
+                    let a = rng.below(v.len());
+                    let b = (a + rng.below(256)).min(v.len());
+                    let piece = v[a..b].to_vec();
+                    let at = rng.below(v.len());
+                    v.splice(at..at, piece);
+                }
+                _ => v = (0..rng.below(512)).map(|_| rng.next() as u8).collect(),
+            }
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn the_stream_decoders_agree_and_never_panic() {
+    let stream = fuzz::seed_stream();
+    for seg in [0u8, 6, 255] {
+        let mut input = vec![seg];
+        input.extend_from_slice(&stream);
+        fuzz::stream_decode(&input);
+    }
+    for (i, m) in mutations(&stream, 400, 0x5eed).into_iter().enumerate() {
+        let mut input = vec![(i * 37) as u8];
+        input.extend_from_slice(&m);
+        fuzz::stream_decode(&input);
+    }
+}
+
+#[test]
+fn the_aub_reader_never_panics() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&fixtures).expect("fixtures/") {
+        let capture = entry.expect("entry").path().join("capture.aub");
+        let Ok(bytes) = std::fs::read(&capture) else {
+            continue;
+        };
+        seeds += 1;
+        fuzz::aub_read(&bytes);
+        for m in mutations(&bytes, 60, seeds) {
+            fuzz::aub_read(&m);
+        }
+    }
+    assert!(
+        seeds >= 5,
+        "expected the committed captures under fixtures/"
+    );
+}
+
+#[test]
+fn a_resume_either_restores_or_leaves_the_held_vgpu_untouched() {
+    let stream = fuzz::seed_stream();
+    // The valid seed resumes (the harness's success path); truncations and garbage do not.
+    assert!(fuzz::vgpu_resume(&stream));
+    let mut refused = 0;
+    for m in mutations(&stream, 24, 0xfeed) {
+        refused += usize::from(!fuzz::vgpu_resume(&m));
+    }
+    assert!(
+        refused >= 12,
+        "only {refused} of 24 mutated streams were refused"
+    );
+    assert!(!fuzz::vgpu_resume(&[]));
+}
