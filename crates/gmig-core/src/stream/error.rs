@@ -24,7 +24,7 @@ pub enum StreamError {
         /// What the I/O layer reported.
         kind: io::ErrorKind,
     },
-    /// The stream does not start with [`MAGIC`].
+    /// The stream does not start with [`MAGIC`](super::MAGIC).
     #[error("not a gmig migration stream: bad magic {found:02x?}")]
     BadMagic {
         /// The eight bytes found instead.
