@@ -4,12 +4,18 @@
 //! they cannot drift apart. Not a public API: nothing outside the workspace's tests depends on it.
 //!
 //! **Owns:** vGPU slice placements for "the destination sits elsewhere" tests ([`moved_slices`]);
-//! fault-injecting connections ([`Corrupting`]).
+//! fault-injecting connections ([`Corrupting`]); a connected loopback TCP pair ([`tcp_pair`]);
+//! checking that a command exited successfully ([`assert_success`]).
 //!
 //! **Must not know about:** anything a production path needs.
 #![warn(missing_docs)]
 
 use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::process::Output;
+use std::thread;
+
+use gmig_core::transport::{Connection, Endpoint};
 
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
 
@@ -79,3 +85,35 @@ impl<C: Write> Write for Corrupting<C> {
 }
 
 gmig_core::forward_connection!(Corrupting);
+
+/// Both ends of a TCP connection over loopback: the first is the connecting side, the second the
+/// accepted one.
+///
+/// # Panics
+/// When loopback cannot listen, connect or accept (a test set-up error).
+pub fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
+    let l = Endpoint::Tcp(
+        "127.0.0.1:0"
+            .parse::<SocketAddr>()
+            .expect("loopback address"),
+    )
+    .listen()
+    .expect("listen on loopback");
+    let ep = l.endpoint().expect("listening endpoint");
+    let t = thread::spawn(move || l.accept().expect("accept on loopback"));
+    let a = ep.connect().expect("connect over loopback");
+    (a, t.join().expect("accepting thread"))
+}
+
+/// Asserts that a finished command exited successfully, showing its stderr when it did not.
+///
+/// # Panics
+/// When the command's exit status is not success.
+#[track_caller]
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
