@@ -3,7 +3,7 @@
 //! Helpers that several of gmig's test suites and benchmarks share, kept in one place so that
 //! they cannot drift apart. Not a public API: nothing outside the workspace's tests depends on it.
 //!
-//! **Owns:** vGPU slice placements for "the destination sits elsewhere" tests ([`moved_slices`]);
+//! **Owns:** a lone vGPU on a default host ([`lone_vgpu`]); vGPU slice placements for "the destination sits elsewhere" tests ([`moved_slices`]);
 //! fault-injecting connections ([`Corrupting`]); a connected loopback TCP pair ([`tcp_pair`]);
 //! checking that a command exited successfully ([`assert_success`]).
 //!
@@ -18,6 +18,19 @@ use std::thread;
 use gmig_core::transport::{Connection, Endpoint};
 
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use gmig_vgpu::gtt::new_guest_ram;
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+
+/// A 64+384 vGPU (number 1) placed first on an empty default host, with `ram` bytes of guest RAM.
+///
+/// # Panics
+/// When the default host or the guest RAM cannot be set up (a test set-up error).
+pub fn lone_vgpu(ram: usize) -> Vgpu {
+    let mut pm = PartitionManager::new(HostConfig::default()).expect("default host");
+    let (_, s) = pm.place(VgpuType::V5_8).expect("place vGPU");
+    let ram = new_guest_ram(ram).expect("guest RAM");
+    Vgpu::new(VgpuConfig::new(VgpuType::V5_8, 1), s, ram).expect("vGPU")
+}
 
 /// Source slices for a `ty` vGPU placed first on an empty host, and destination slices for the
 /// same type on a host where a 128+512 vGPU was placed first and the source's offsets are

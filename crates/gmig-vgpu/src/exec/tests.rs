@@ -5,23 +5,15 @@ use gmig_cmdparser::{BatchContext, GgttOffset};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::gm::{HostConfig, PartitionManager, VgpuType, PAGE_SIZE};
-use crate::gtt::new_guest_ram;
+use crate::gm::PAGE_SIZE;
 use crate::mmio::{self, EngineId};
-use crate::vgpu::{Vgpu, VgpuConfig};
+use crate::vgpu::Vgpu;
 use crate::work::Workload;
 
 /// A vGPU whose hidden slice's first `pages` pages map guest RAM from 1 MiB up.
 fn setup(pages: u64) -> (Vgpu, u64) {
-    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-    let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-    let mut v = Vgpu::new(
-        VgpuConfig::new(VgpuType::V5_8, 1),
-        s,
-        new_guest_ram(8 << 20).unwrap(),
-    )
-    .unwrap();
-    let base = s.hidden.base.0;
+    let mut v = crate::vgpu::lone_test_vgpu(1, 8 << 20);
+    let base = v.host_slices().hidden.base.0;
     for p in 0..pages {
         let e = mmio::GTT_MMIO_BASE + ((base / PAGE_SIZE + p) * 8) as u32;
         v.mmio_write64(e, ((1 << 20) + p * PAGE_SIZE) | 1).unwrap();
