@@ -1,5 +1,6 @@
 //! `gmig bench hash --json` prints one JSON object whose ratio is hash over read.
 
+use gmig_test_support::assert_success;
 use std::process::Command;
 
 #[test]
@@ -18,11 +19,7 @@ fn bench_hash_json_reports_consistent_figures() {
         ])
         .output()
         .expect("gmig runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.lines().count(), 1, "one JSON object: {text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -1,5 +1,6 @@
 //! `gmig decode` and `gmig replay`, end to end through the binary, on the committed fixtures.
 
+use gmig_test_support::assert_success;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -20,6 +21,19 @@ fn fixture(name: &str) -> PathBuf {
 
 fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// `gmig decode --raw` of the Gen9 blitter batch in `path`.
+fn decode_raw_gen9_blitter(path: &Path) -> Output {
+    gmig(&[
+        "decode",
+        "--raw",
+        "--engine",
+        "blitter",
+        "--gen",
+        "9",
+        s(path),
+    ])
 }
 
 #[test]
@@ -109,20 +123,8 @@ fn decode_raw_dwords() {
     ];
     let bytes: Vec<u8> = dwords.iter().flat_map(|d| d.to_le_bytes()).collect();
     std::fs::write(&path, bytes).unwrap();
-    let out = gmig(&[
-        "decode",
-        "--raw",
-        "--engine",
-        "blitter",
-        "--gen",
-        "9",
-        s(&path),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = decode_raw_gen9_blitter(&path);
+    assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("XY_COLOR_BLT (7 dwords)"), "{text}");
     assert!(
@@ -136,15 +138,7 @@ fn decode_raw_dwords() {
 
     // A truncated raw buffer is listed up to the bad command, then fails with exit code 1.
     std::fs::write(&path, &dwords.map(u32::to_le_bytes).concat()[..12]).unwrap();
-    let out = gmig(&[
-        "decode",
-        "--raw",
-        "--engine",
-        "blitter",
-        "--gen",
-        "9",
-        s(&path),
-    ]);
+    let out = decode_raw_gen9_blitter(&path);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout)
         .contains("error: dword 0: XY_COLOR_BLT needs 7 dwords"));
@@ -173,11 +167,7 @@ fn decode_of_a_broken_capture_fails_with_offset() {
 #[test]
 fn replay_accepts_every_committed_fixture() {
     let out = gmig(&["replay", s(&fixtures())]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.lines().count() >= 12, "{text}");
     assert!(

@@ -1,5 +1,6 @@
 //! `gmig migrate` between two processes over TCP, and `gmig demo --json`.
 
+use gmig_test_support::assert_success;
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
@@ -65,16 +66,8 @@ fn pair_at(
 #[test]
 fn migrate_between_two_processes() {
     let (src, dst) = pair("64+384", "one-shot-narrow");
-    assert!(
-        src.status.success(),
-        "{}",
-        String::from_utf8_lossy(&src.stderr)
-    );
-    assert!(
-        dst.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dst.stderr)
-    );
+    assert_success(&src);
+    assert_success(&dst);
     let s = json(&src.stdout);
     let d = json(&dst.stdout);
     assert_eq!(s["policy"], "one-shot-narrow");
@@ -103,11 +96,7 @@ fn an_incompatible_destination_refuses_and_the_source_says_why() {
 #[test]
 fn demo_reports_an_identical_migration() {
     let out = gmig().args(["demo", "--json"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let v = json(&out.stdout);
     assert_eq!(v["identical"], true);
     assert_eq!(v["policy"], "one-shot-narrow");
@@ -128,16 +117,8 @@ fn migrate_over_a_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("unix:{}", dir.path().join("gmig.sock").display());
     let (src, dst) = pair_at(&addr, "64+384", "iterative");
-    assert!(
-        src.status.success(),
-        "{}",
-        String::from_utf8_lossy(&src.stderr)
-    );
-    assert!(
-        dst.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dst.stderr)
-    );
+    assert_success(&src);
+    assert_success(&dst);
     assert_eq!(json(&src.stdout)["policy"], "iterative");
 }
 

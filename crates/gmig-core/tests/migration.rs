@@ -1,7 +1,6 @@
 //! The migration engine on the synthetic VM: differential runs for every policy over TCP, Unix and
 //! memory transports; failure at every phase leaves the source running with nothing lost.
 
-use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use gmig_core::migration::{
 };
 use gmig_core::stream::{GpuGeneration, StreamLimits};
 use gmig_core::transport::{mem_pair, Connection, Counted, Endpoint};
+use gmig_test_support::tcp_pair;
 use gmig_test_support::Corrupting;
 use gmig_vfio_migration::{DeviceState, MigrationHandle, MigrationTarget};
 
@@ -53,16 +53,6 @@ fn reference(synth: SyntheticConfig) -> u64 {
     }
     vm.finish().unwrap();
     vm.guest_digest().unwrap()
-}
-
-fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
-    let l = Endpoint::Tcp("127.0.0.1:0".parse::<SocketAddr>().unwrap())
-        .listen()
-        .unwrap();
-    let ep = l.endpoint().unwrap();
-    let t = thread::spawn(move || l.accept().unwrap());
-    let a = ep.connect().unwrap();
-    (a, t.join().unwrap())
 }
 
 /// Migrate mid-run, continue on the destination, return (report, digest at the end).

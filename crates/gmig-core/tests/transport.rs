@@ -2,7 +2,6 @@
 //! bandwidth cap paces writes.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -38,13 +37,7 @@ fn memory_pair_carries_a_stream_with_backpressure() {
 
 #[test]
 fn tcp_carries_a_stream() {
-    let listener = Endpoint::Tcp("127.0.0.1:0".parse::<SocketAddr>().unwrap())
-        .listen()
-        .unwrap();
-    let endpoint = listener.endpoint().unwrap();
-    let server = thread::spawn(move || listener.accept().unwrap());
-    let a = endpoint.connect().unwrap();
-    let b = server.join().unwrap();
+    let (a, b) = gmig_test_support::tcp_pair();
     exchange(a, b, &pattern(1 << 20));
 }
 

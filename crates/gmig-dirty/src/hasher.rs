@@ -353,24 +353,8 @@ impl Hasher {
             let (_, tail) = std::mem::take(&mut rest_h).split_at_mut(lo - consumed);
             let (mine_h, tail) = tail.split_at_mut(hi - lo);
             rest_h = tail;
-            let mine_s = match rest_s.take() {
-                Some(s) => {
-                    let (_, t) = s.split_at_mut(lo - consumed);
-                    let (m, t) = t.split_at_mut(hi - lo);
-                    rest_s = Some(t);
-                    Some(m)
-                }
-                None => None,
-            };
-            let mine_d = match rest_d.take() {
-                Some(d) => {
-                    let (_, t) = d.split_at_mut(w0 - consumed_w);
-                    let (m, t) = t.split_at_mut(w1 - w0);
-                    rest_d = Some(t);
-                    Some(m)
-                }
-                None => None,
-            };
+            let mine_s = carve(&mut rest_s, lo - consumed, hi - lo);
+            let mine_d = carve(&mut rest_d, w0 - consumed_w, w1 - w0);
             consumed = hi;
             consumed_w = w1;
             tasks.push((w0, w1, lo, mine_h, mine_s, mine_d));
@@ -380,12 +364,7 @@ impl Hasher {
             tasks.into_par_iter().try_for_each(
                 |(w0, w1, lo, out_h, mut out_s, mut out_d)| -> Result<()> {
                     for_each_page(
-                        Walk {
-                            tracked,
-                            ranks,
-                            mem,
-                            prefetch: self.prefetch_pages,
-                        },
+                        self.walk(tracked, ranks, mem),
                         |w| tracked.words()[w],
                         w0,
                         w1,
@@ -474,12 +453,7 @@ impl Hasher {
                         let mut batch = [Gfn(0); SINK_BATCH];
                         let mut n = 0usize;
                         for_each_page(
-                            Walk {
-                                tracked,
-                                ranks,
-                                mem,
-                                prefetch: self.prefetch_pages,
-                            },
+                            self.walk(tracked, ranks, mem),
                             |w| work[w],
                             w0,
                             w1,
@@ -605,6 +579,21 @@ impl Hasher {
                 .try_reduce(|| 0, |a, b| Ok(combine(a, b)))
         })
     }
+
+    /// A [`Walk`] over `tracked` with this hasher's prefetch distance.
+    fn walk<'a, 'm>(
+        &self,
+        tracked: &'a DirtyBitmap,
+        ranks: &'a [u32],
+        mem: &'a GuestPages<'m>,
+    ) -> Walk<'a, 'm> {
+        Walk {
+            tracked,
+            ranks,
+            mem,
+            prefetch: self.prefetch_pages,
+        }
+    }
 }
 
 /// What [`for_each_page`] walks: the tracked set, its ranks, the memory, the prefetch distance.
@@ -667,4 +656,13 @@ where
         len -= 1;
     }
     Ok(())
+}
+
+/// Skips `skip` elements of the optional slice `rest`, takes the next `len` as one task's own
+/// slice and leaves the remainder in `rest`; `None` stays `None`.
+fn carve<'a, T>(rest: &mut Option<&'a mut [T]>, skip: usize, len: usize) -> Option<&'a mut [T]> {
+    let (_, t) = rest.take()?.split_at_mut(skip);
+    let (m, t) = t.split_at_mut(len);
+    *rest = Some(t);
+    Some(m)
 }

@@ -3,18 +3,38 @@
 //! Helpers that several of gmig's test suites and benchmarks share, kept in one place so that
 //! they cannot drift apart. Not a public API: nothing outside the workspace's tests depends on it.
 //!
-//! **Owns:** vGPU slice placements for "the destination sits elsewhere" tests ([`moved_slices`]);
-//! fault-injecting connections ([`Corrupting`]); the fuzz harnesses for every decoder of untrusted
-//! bytes ([`fuzz`]), shared by `fuzz/` and CI's smoke tests.
+//! **Owns:** a lone vGPU on a default host ([`lone_vgpu`]); vGPU slice placements for "the
+//! destination sits elsewhere" tests ([`moved_slices`]); fault-injecting connections
+//! ([`Corrupting`]); a connected loopback TCP pair ([`tcp_pair`]); checking that a command exited
+//! successfully ([`assert_success`]); the fuzz harnesses for every decoder of untrusted bytes
+//! ([`fuzz`]), shared by `fuzz/` and CI's smoke tests.
 //!
 //! **Must not know about:** anything a production path needs.
 #![warn(missing_docs)]
 
 use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::process::Output;
+use std::thread;
+
+use gmig_core::transport::{Connection, Endpoint};
 
 pub mod fuzz;
 
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
+use gmig_vgpu::gtt::new_guest_ram;
+use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+
+/// A 64+384 vGPU (number 1) placed first on an empty default host, with `ram` bytes of guest RAM.
+///
+/// # Panics
+/// When the default host or the guest RAM cannot be set up (a test set-up error).
+pub fn lone_vgpu(ram: usize) -> Vgpu {
+    let mut pm = PartitionManager::new(HostConfig::default()).expect("default host");
+    let (_, s) = pm.place(VgpuType::V5_8).expect("place vGPU");
+    let ram = new_guest_ram(ram).expect("guest RAM");
+    Vgpu::new(VgpuConfig::new(VgpuType::V5_8, 1), s, ram).expect("vGPU")
+}
 
 /// Source slices for a `ty` vGPU placed first on an empty host, and destination slices for the
 /// same type on a host where a 128+512 vGPU was placed first and the source's offsets are
@@ -82,3 +102,35 @@ impl<C: Write> Write for Corrupting<C> {
 }
 
 gmig_core::forward_connection!(Corrupting);
+
+/// Both ends of a TCP connection over loopback: the first is the connecting side, the second the
+/// accepted one.
+///
+/// # Panics
+/// When loopback cannot listen, connect or accept (a test set-up error).
+pub fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
+    let l = Endpoint::Tcp(
+        "127.0.0.1:0"
+            .parse::<SocketAddr>()
+            .expect("loopback address"),
+    )
+    .listen()
+    .expect("listen on loopback");
+    let ep = l.endpoint().expect("listening endpoint");
+    let t = thread::spawn(move || l.accept().expect("accept on loopback"));
+    let a = ep.connect().expect("connect over loopback");
+    (a, t.join().expect("accepting thread"))
+}
+
+/// Asserts that a finished command exited successfully, showing its stderr when it did not.
+///
+/// # Panics
+/// When the command's exit status is not success.
+#[track_caller]
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

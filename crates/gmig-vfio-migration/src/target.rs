@@ -157,6 +157,15 @@ impl<D: MigrationDevice> MigrationTarget for MigrationHandle<D> {
 /// Chunk size the drivers read and write with (QEMU uses 1 MiB; any size gives the same bytes).
 pub const DEFAULT_CHUNK: usize = 64 * 1024;
 
+/// `total` plus `n` bytes, or [`TargetError::TooLarge`] when that passes `limit`.
+fn within_limit(total: u64, n: usize, limit: u64) -> Result<u64> {
+    let total = total.saturating_add(n as u64);
+    if total > limit {
+        return Err(TargetError::TooLarge { limit });
+    }
+    Ok(total)
+}
+
 /// Reads the open saving stream into `sink` until the device has nothing *now*
 /// ([`ReadOutcome::NoDataNow`], in PRE_COPY) or the stream ends ([`ReadOutcome::End`], in
 /// STOP_COPY). Returns the bytes copied. `limit` bounds the total (a guard against a device that
@@ -178,10 +187,7 @@ pub fn drain<T: MigrationTarget + ?Sized>(
                         "read longer than the buffer",
                     )))?;
                 sink.write_all(bytes)?;
-                total = total.saturating_add(n as u64);
-                if total > limit {
-                    return Err(TargetError::TooLarge { limit });
-                }
+                total = within_limit(total, n, limit)?;
             }
             ReadOutcome::NoDataNow | ReadOutcome::End => return Ok(total),
         }
@@ -203,10 +209,7 @@ pub fn load<T: MigrationTarget + ?Sized>(
         if n == 0 {
             return Ok(total);
         }
-        total = total.saturating_add(n as u64);
-        if total > limit {
-            return Err(TargetError::TooLarge { limit });
-        }
+        total = within_limit(total, n, limit)?;
         let bytes = buf.get(..n).ok_or(TargetError::Io(std::io::Error::other(
             "source read longer than the buffer",
         )))?;

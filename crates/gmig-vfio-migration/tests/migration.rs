@@ -9,8 +9,8 @@ use gmig_vfio_migration::target::{self, MigrateOptions, MigrationReport};
 use gmig_vfio_migration::testdev::{BlobDevice, Faulty};
 use gmig_vfio_migration::v1::{self, V1Region};
 use gmig_vfio_migration::{
-    DeviceError, DeviceState, KernelDevice, MigrationFeatures, MigrationHandle, MigrationTarget,
-    ReadOutcome, TargetError,
+    DeviceError, DeviceState, KernelDevice, MigrationDevice, MigrationFeatures, MigrationHandle,
+    MigrationTarget, ReadOutcome, StreamId, TargetError,
 };
 use proptest::prelude::*;
 
@@ -23,6 +23,11 @@ fn blob(f: MigrationFeatures, seed: u64) -> BlobDevice {
 
 fn handle(f: MigrationFeatures, seed: u64) -> MigrationHandle<BlobDevice> {
     MigrationHandle::new(blob(f, seed)).unwrap()
+}
+
+/// Moves `h` to `state` (RESUMING or STOP_COPY) and returns the id of the data stream it opens.
+fn open_stream<D: MigrationDevice>(h: &mut MigrationHandle<D>, state: DeviceState) -> StreamId {
+    h.set_state(state).unwrap().new_stream.unwrap().id
 }
 
 /// Migrates through v2 with `ticks` writes between the pre-copy pass and stop-copy.
@@ -163,12 +168,7 @@ fn corrupt_truncated_or_foreign_streams_fail_resuming_to_stop() {
     for (what, bytes) in cases {
         let mut dst = handle(f, 99);
         let before = dst.device().blob().to_vec();
-        let id = dst
-            .set_state(DeviceState::Resuming)
-            .unwrap()
-            .new_stream
-            .unwrap()
-            .id;
+        let id = open_stream(&mut dst, DeviceState::Resuming);
         dst.write(id, &bytes).unwrap();
         match dst.set_state(DeviceState::Running) {
             Err(HandleError::ArcFailed {
@@ -191,22 +191,12 @@ fn corrupt_truncated_or_foreign_streams_fail_resuming_to_stop() {
     }
     // A stream from a device of another size is refused too.
     let mut other = MigrationHandle::new(BlobDevice::new(LEN + 1, CHUNK, 1, f)).unwrap();
-    let id = other
-        .set_state(DeviceState::Resuming)
-        .unwrap()
-        .new_stream
-        .unwrap()
-        .id;
+    let id = open_stream(&mut other, DeviceState::Resuming);
     other.write(id, &good).unwrap();
     assert!(other.set_state(DeviceState::Stop).is_err());
     // And the good stream loads.
     let mut dst = handle(f, 99);
-    let id = dst
-        .set_state(DeviceState::Resuming)
-        .unwrap()
-        .new_stream
-        .unwrap()
-        .id;
+    let id = open_stream(&mut dst, DeviceState::Resuming);
     dst.write(id, &good).unwrap();
     dst.set_state(DeviceState::Running).unwrap();
     assert_eq!(dst.device().blob(), &src_blob[..]);
@@ -215,12 +205,7 @@ fn corrupt_truncated_or_foreign_streams_fail_resuming_to_stop() {
 #[test]
 fn resuming_input_is_bounded() {
     let mut dst = handle(MigrationFeatures::STOP_COPY, 1);
-    let id = dst
-        .set_state(DeviceState::Resuming)
-        .unwrap()
-        .new_stream
-        .unwrap()
-        .id;
+    let id = open_stream(&mut dst, DeviceState::Resuming);
     let big = vec![0u8; 1 << 20];
     let mut err = None;
     for _ in 0..4 {
@@ -278,7 +263,7 @@ proptest! {
         cuts.push(stream.len());
         cuts.sort_unstable();
         let mut dst = handle(f, 99);
-        let id = dst.set_state(DeviceState::Resuming).unwrap().new_stream.unwrap().id;
+        let id = open_stream(&mut dst, DeviceState::Resuming);
         for w in cuts.windows(2) {
             dst.write(id, &stream[w[0]..w[1]]).unwrap();
         }
@@ -329,12 +314,7 @@ fn migrate_recovers_after_injected_failures() {
 
     // A failing read surfaces as a device error and changes no state.
     let mut src = mk(13);
-    let id = src
-        .set_state(DeviceState::StopCopy)
-        .unwrap()
-        .new_stream
-        .unwrap()
-        .id;
+    let id = open_stream(&mut src, DeviceState::StopCopy);
     src.device_mut().fail_reads(true);
     let mut b = [0u8; 16];
     assert!(matches!(src.read(id, &mut b), Err(HandleError::Device(_))));
@@ -670,7 +650,7 @@ proptest! {
         let f = MigrationFeatures::STOP_COPY;
         let small = |seed| BlobDevice::new(2000, 100, seed, f);
         let mut src = MigrationHandle::new(small(5)).unwrap();
-        let id = src.set_state(DeviceState::StopCopy).unwrap().new_stream.unwrap().id;
+        let id = open_stream(&mut src, DeviceState::StopCopy);
         let mut good = Vec::new();
         let mut buf = [0u8; 777];
         while let ReadOutcome::Data(n) = src.read(id, &mut buf).unwrap() {
@@ -685,7 +665,7 @@ proptest! {
         for bytes in [junk, mutated] {
             let mut dst = MigrationHandle::new(small(6)).unwrap();
             let before = dst.device().blob().to_vec();
-            let id = dst.set_state(DeviceState::Resuming).unwrap().new_stream.unwrap().id;
+            let id = open_stream(&mut dst, DeviceState::Resuming);
             dst.write(id, &bytes).unwrap();
             match dst.set_state(DeviceState::Stop) {
                 Ok(_) => prop_assert_eq!(dst.device().blob(), src.device().blob()),

@@ -5,20 +5,11 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_vgpu::gtt::new_guest_ram;
-use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+use gmig_vgpu::vgpu::Vgpu;
 use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 fn setup(profile: Profile) -> (Vgpu, GuestDriver) {
-    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-    let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-    let mut v = Vgpu::new(
-        VgpuConfig::new(VgpuType::V5_8, 1),
-        s,
-        new_guest_ram(64 << 20).unwrap(),
-    )
-    .unwrap();
+    let mut v = gmig_test_support::lone_vgpu(64 << 20);
     let mut d = GuestDriver::boot(&mut v, profile, WorkloadConfig::default(), 1).unwrap();
     d.run_frames(&mut v, 4).unwrap();
     (v, d)

@@ -312,20 +312,12 @@ impl Vgpu {
 mod tests {
     use super::*;
     use crate::gm::{HostConfig, PartitionManager, VgpuType};
-    use crate::gtt::{copy_guest_ram, new_guest_ram};
-    use crate::vgpu::VgpuConfig;
+    use crate::gtt::copy_guest_ram;
     use crate::workload::{GuestDriver, Profile, WorkloadConfig};
     use proptest::prelude::*;
 
     fn busy_vgpu() -> Vgpu {
-        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-        let mut v = Vgpu::new(
-            VgpuConfig::new(VgpuType::V5_8, 1),
-            s,
-            new_guest_ram(16 << 20).unwrap(),
-        )
-        .unwrap();
+        let mut v = crate::vgpu::lone_test_vgpu(1, 16 << 20);
         let mut d =
             GuestDriver::boot(&mut v, Profile::Desktop, WorkloadConfig::small(), 3).unwrap();
         d.run_frames(&mut v, 1).unwrap();

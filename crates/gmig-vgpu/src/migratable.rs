@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 use gmig_cmdparser::{Gen, SliceMove, VgpuSlices};
-use serde::{de::DeserializeOwned, Serialize};
+use serde::de::DeserializeOwned;
 use vm_memory::GuestMemoryMmap;
 
 use crate::checkpoint::{RestoreOptions, VgpuState};
@@ -31,7 +31,8 @@ use crate::vgpu::{Vgpu, VgpuConfig};
 use crate::work::WriteLog;
 use crate::workload::{GuestDriver, Profile, WorkloadConfig};
 use gmig_core::migration::{
-    Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory,
+    decode_state, encode_state, Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError,
+    VmFactory,
 };
 use gmig_core::stream::{Compatibility, GpuGeneration, StateKind, StreamHeader, VgpuTypeId};
 
@@ -331,22 +332,19 @@ impl MigratableVm for VgpuVm {
 
     fn save_state(&self) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
         let s = self.vgpu.save();
-        fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>, VmError> {
-            postcard::to_stdvec(v).map_err(|e| vm_err("encode", e))
-        }
         Ok(vec![
             (
                 StateKind::DeviceConfig,
-                enc(&(s.cfg, s.guest_view, s.host, s.remap, s.next_seq))?,
+                encode_state(&(s.cfg, s.guest_view, s.host, s.remap, s.next_seq))?,
             ),
-            (StateKind::Registers, enc(&(&s.vregs, &s.sregs))?),
-            (StateKind::Ggtt, enc(&s.ggtt)?),
-            (StateKind::Ppgtt, enc(&s.ppgtt_roots)?),
+            (StateKind::Registers, encode_state(&(&s.vregs, &s.sregs))?),
+            (StateKind::Ggtt, encode_state(&s.ggtt)?),
+            (StateKind::Ppgtt, encode_state(&s.ppgtt_roots)?),
             (
                 StateKind::Engines,
-                enc(&(&s.engines, &s.ctx_heads, &s.stats, &s.faults, s.accepting))?,
+                encode_state(&(&s.engines, &s.ctx_heads, &s.stats, &s.faults, s.accepting))?,
             ),
-            (StateKind::Workloads, enc(&s.queue)?),
+            (StateKind::Workloads, encode_state(&s.queue)?),
         ])
     }
 }
@@ -355,12 +353,7 @@ fn dec<T: DeserializeOwned>(
     states: &[(StateKind, Vec<u8>)],
     kind: StateKind,
 ) -> Result<T, VmError> {
-    let bytes = states
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map(|(_, b)| b.as_slice())
-        .ok_or_else(|| VmError(format!("device-state section {kind:?} missing")))?;
-    postcard::from_bytes(bytes).map_err(|e| vm_err(&format!("device-state section {kind:?}"), e))
+    decode_state(states, kind, "device-state")
 }
 
 /// Builds vGPUs on a destination host whose slices for the incoming vGPU are `slices`.

@@ -625,22 +625,25 @@ impl crate::shadow::ShadowSource for Vgpu {
     }
 }
 
+/// A 64+384 vGPU numbered `id`, placed first on an empty default host, with `ram` bytes of guest
+/// RAM: the unit tests' common set-up (integration tests use `gmig_test_support::lone_vgpu`).
+#[cfg(test)]
+pub(crate) fn lone_test_vgpu(id: u32, ram: usize) -> Vgpu {
+    use crate::gm::{HostConfig, PartitionManager};
+    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+    let (_, s) = pm.place(VgpuType::V5_8).unwrap();
+    let ram = crate::gtt::new_guest_ram(ram).unwrap();
+    Vgpu::new(VgpuConfig::new(VgpuType::V5_8, id), s, ram).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gm::{HostConfig, PartitionManager, MIB};
-    use crate::gtt::new_guest_ram;
+    use crate::gm::MIB;
     use proptest::prelude::*;
 
     fn vgpu() -> Vgpu {
-        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-        Vgpu::new(
-            VgpuConfig::new(VgpuType::V5_8, 7),
-            s,
-            new_guest_ram(4 << 20).unwrap(),
-        )
-        .unwrap()
+        lone_test_vgpu(7, 4 << 20)
     }
 
     #[test]

@@ -55,17 +55,8 @@ fn migrate(v: &mut Vgpu, drain: usize, others: usize, remap: bool) -> Vgpu {
     w
 }
 
-/// Runs `frames` frames; before waiting on each frame listed in `cuts`, migrates the vGPU.
-fn run(
-    profile: Profile,
-    seed: u64,
-    frames: u64,
-    cuts: &[(u64, usize, usize)],
-    remap: bool,
-) -> (Vgpu, GuestDriver) {
-    run_on(Gen::Gen9, profile, seed, frames, cuts, remap)
-}
-
+/// Runs `frames` frames on a `gen` vGPU; before waiting on each frame listed in `cuts`, migrates
+/// the vGPU.
 fn run_on(
     gen: Gen,
     profile: Profile,
@@ -92,9 +83,9 @@ fn check(profile: Profile, seed: u64) -> (StateDiff, StateDiff) {
     let frames = 8;
     let at = rng.random_range(0..frames - 1);
     let drain = rng.random_range(0..3);
-    let (reference, rd) = run(profile, seed, frames, &[], true);
+    let (reference, rd) = run_on(Gen::Gen9, profile, seed, frames, &[], true);
     assert_eq!(rd.failures(), 0, "{profile:?} reference run failed");
-    let (migrated, md) = run(profile, seed, frames, &[(at, drain, 1)], true);
+    let (migrated, md) = run_on(Gen::Gen9, profile, seed, frames, &[(at, drain, 1)], true);
     let ok = compare_guest_visible(&reference, &migrated);
     assert_eq!(
         md.failures(),
@@ -102,7 +93,7 @@ fn check(profile: Profile, seed: u64) -> (StateDiff, StateDiff) {
         "{profile:?} seed {seed}: migrated run failed: {:?}",
         migrated.faults()
     );
-    let (broken, _) = run(profile, seed, frames, &[(at, drain, 1)], false);
+    let (broken, _) = run_on(Gen::Gen9, profile, seed, frames, &[(at, drain, 1)], false);
     let bad = compare_guest_visible(&reference, &broken);
     (ok, bad)
 }
@@ -121,38 +112,33 @@ fn survives_migration_and_the_control_fails(profile: Profile) {
     }
 }
 
-#[test]
-fn idle_survives_migration() {
-    survives_migration_and_the_control_fails(Profile::Idle);
+/// One test a profile: `name => Profile`.
+macro_rules! survives_migration_tests {
+    ($($name:ident => $profile:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                survives_migration_and_the_control_fails(Profile::$profile);
+            }
+        )*
+    };
 }
 
-#[test]
-fn desktop_survives_migration() {
-    survives_migration_and_the_control_fails(Profile::Desktop);
-}
-
-#[test]
-fn three_d_survives_migration() {
-    survives_migration_and_the_control_fails(Profile::ThreeD);
-}
-
-#[test]
-fn video_survives_migration() {
-    survives_migration_and_the_control_fails(Profile::Video);
-}
-
-#[test]
-fn compute_survives_migration() {
-    survives_migration_and_the_control_fails(Profile::Compute);
+survives_migration_tests! {
+    idle_survives_migration => Idle,
+    desktop_survives_migration => Desktop,
+    three_d_survives_migration => ThreeD,
+    video_survives_migration => Video,
+    compute_survives_migration => Compute,
 }
 
 #[test]
 fn migrating_twice_and_with_work_queued_stays_identical() {
     for profile in [Profile::Desktop, Profile::ThreeD] {
-        let (reference, _) = run(profile, 11, 10, &[], true);
+        let (reference, _) = run_on(Gen::Gen9, profile, 11, 10, &[], true);
         // Two migrations, the second from a vGPU whose guest view already differs from its slices,
         // each leaving work queued (drain 0).
-        let (migrated, d) = run(profile, 11, 10, &[(2, 0, 1), (6, 0, 2)], true);
+        let (migrated, d) = run_on(Gen::Gen9, profile, 11, 10, &[(2, 0, 1), (6, 0, 2)], true);
         assert_eq!(d.failures(), 0);
         let diff = compare_guest_visible(&reference, &migrated);
         assert!(diff.is_identical(), "{profile:?}: {diff:?}");

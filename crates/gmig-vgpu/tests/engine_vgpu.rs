@@ -1,7 +1,6 @@
 //! The migration engine on the reference vGPU: every policy × profile over TCP ends identical to
 //! the unmigrated run; a failed migration leaves the source running with nothing lost.
 
-use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
 
@@ -9,7 +8,8 @@ use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
     MigrationError, MigrationPhase, MigrationReport, Policy,
 };
-use gmig_core::transport::{Connection, Counted, Endpoint};
+use gmig_core::transport::{Connection, Counted};
+use gmig_test_support::tcp_pair;
 use gmig_vfio_migration::{DeviceState, MigrationTarget};
 use gmig_vgpu::checkpoint::RestoreOptions;
 use gmig_vgpu::compare::compare_guest_visible;
@@ -38,16 +38,6 @@ fn cfg(policy: Policy) -> MigrationConfig {
     c.max_drain = 1;
     c.timeout = Duration::from_secs(20);
     c
-}
-
-fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
-    let l = Endpoint::Tcp("127.0.0.1:0".parse::<SocketAddr>().unwrap())
-        .listen()
-        .unwrap();
-    let ep = l.endpoint().unwrap();
-    let t = thread::spawn(move || l.accept().unwrap());
-    let a = ep.connect().unwrap();
-    (a, t.join().unwrap())
 }
 
 fn factory(d: VgpuSlices, remap: bool) -> VgpuFactory {

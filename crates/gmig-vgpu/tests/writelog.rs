@@ -3,22 +3,12 @@
 
 use std::collections::BTreeSet;
 
-use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
-use gmig_vgpu::gtt::new_guest_ram;
-use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
 use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 
 #[test]
 fn write_sets_cover_actual_writes_and_stay_in_gtt_backed_pages() {
     for profile in Profile::ALL {
-        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-        let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-        let mut v = Vgpu::new(
-            VgpuConfig::new(VgpuType::V5_8, 1),
-            s,
-            new_guest_ram(32 << 20).unwrap(),
-        )
-        .unwrap();
+        let mut v = gmig_test_support::lone_vgpu(32 << 20);
         let mut d = GuestDriver::boot(&mut v, profile, WorkloadConfig::small(), 9).unwrap();
         let backed: BTreeSet<_> = v.gtt_backed_pages().into_iter().collect();
         let mut any_unknown = false;

@@ -8,7 +8,8 @@ use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{run_case, BenchCase, BenchSample, Summary};
-use crate::cli::{BenchCommonArgs, ProfileArg};
+use crate::cli::BenchCommonArgs;
+use crate::cmd::migrate::profile_of;
 
 /// gMig's published average downtimes (VEE'18), ms.
 pub const PAPER_WINDOWS_MS: f64 = 302.0;
@@ -16,16 +17,6 @@ pub const PAPER_WINDOWS_MS: f64 = 302.0;
 pub const PAPER_LINUX_MS: f64 = 119.0;
 /// gMig: share of pages spared in downtime by software dirty pages, percent.
 pub const PAPER_SPARED_PCT: f64 = 80.0;
-
-fn profile_of(p: ProfileArg) -> Profile {
-    match p {
-        ProfileArg::Idle => Profile::Idle,
-        ProfileArg::Desktop => Profile::Desktop,
-        ProfileArg::ThreeD => Profile::ThreeD,
-        ProfileArg::Video => Profile::Video,
-        ProfileArg::Compute => Profile::Compute,
-    }
-}
 
 fn type_name(ty: VgpuType) -> String {
     let id = type_id(ty);

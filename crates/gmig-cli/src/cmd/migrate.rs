@@ -27,7 +27,8 @@ pub fn policy_of(p: PolicyArg) -> Policy {
     }
 }
 
-fn profile_of(p: ProfileArg) -> Profile {
+/// The workload profile for a CLI profile.
+pub fn profile_of(p: ProfileArg) -> Profile {
     match p {
         ProfileArg::Idle => Profile::Idle,
         ProfileArg::Desktop => Profile::Desktop,

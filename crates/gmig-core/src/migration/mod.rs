@@ -37,5 +37,8 @@ pub use config::{
 pub use dest::DestDevice;
 pub use engine::{migrate_destination, migrate_source, record_stream, source_handle, DestReport};
 pub use source::{SourceDevice, SourceStats};
-pub use vm::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
+pub use vm::{
+    decode_state, encode_state, Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError,
+    VmFactory,
+};
 pub use vm_device::{SaveSettings, VmDevice};

@@ -14,7 +14,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::vm::{Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError, VmFactory};
+use super::vm::{
+    decode_state, encode_state, Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError,
+    VmFactory,
+};
 
 use crate::stream::{
     Compatibility, Gfn, GpuGeneration, StateKind, StreamHeader, VgpuTypeId, PAGE_SIZE,
@@ -328,34 +331,21 @@ impl MigratableVm for SyntheticVm {
     }
 
     fn save_state(&self) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
-        let enc = |v: &dyn erased::Enc| v.enc();
         let queue: Vec<Cmd> = self.queue.iter().copied().collect();
         Ok(vec![
-            (StateKind::DeviceConfig, enc(&self.cfg)?),
+            (StateKind::DeviceConfig, encode_state(&self.cfg)?),
             (
                 StateKind::Registers,
-                enc(&(self.surface, self.guest_aperture))?,
+                encode_state(&(self.surface, self.guest_aperture))?,
             ),
             (
                 StateKind::Ggtt,
-                enc(&(self.host_aperture, self.host_hidden))?,
+                encode_state(&(self.host_aperture, self.host_hidden))?,
             ),
             (StateKind::Ppgtt, Vec::new()),
-            (StateKind::Engines, enc(&self.engine)?),
-            (StateKind::Workloads, enc(&queue)?),
+            (StateKind::Engines, encode_state(&self.engine)?),
+            (StateKind::Workloads, encode_state(&queue)?),
         ])
-    }
-}
-
-mod erased {
-    use super::VmError;
-    pub trait Enc {
-        fn enc(&self) -> Result<Vec<u8>, VmError>;
-    }
-    impl<T: serde::Serialize> Enc for T {
-        fn enc(&self) -> Result<Vec<u8>, VmError> {
-            postcard::to_allocvec(self).map_err(|e| VmError(format!("encode: {e}")))
-        }
     }
 }
 
@@ -363,12 +353,7 @@ fn dec<'a, T: Deserialize<'a>>(
     states: &'a [(StateKind, Vec<u8>)],
     kind: StateKind,
 ) -> Result<T, VmError> {
-    let bytes = states
-        .iter()
-        .find(|(k, _)| *k == kind)
-        .map(|(_, b)| b.as_slice())
-        .ok_or_else(|| VmError(format!("state section {kind:?} missing")))?;
-    postcard::from_bytes(bytes).map_err(|e| VmError(format!("state section {kind:?}: {e}")))
+    decode_state(states, kind, "state")
 }
 
 /// Builds synthetic VMs on a destination whose slices sit at the given offsets.

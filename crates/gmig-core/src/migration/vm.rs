@@ -108,3 +108,29 @@ pub struct RestoreTimes {
     /// Rebasing GGTT addresses onto the destination slices, ns.
     pub remap_ns: u64,
 }
+
+/// Encodes one device-state section's value (postcard), for [`MigratableVm::save_state`].
+///
+/// # Errors
+/// The value cannot be serialized (`encode: …`).
+pub fn encode_state<T: serde::Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, VmError> {
+    postcard::to_allocvec(value).map_err(|e| VmError(format!("encode: {e}")))
+}
+
+/// Finds the section of `kind` among `states` and decodes it (postcard), for
+/// [`VmFactory::restore`]. `what` names the sections in errors (`"{what} section {kind:?} …"`).
+///
+/// # Errors
+/// The section is missing or does not decode as a `T`.
+pub fn decode_state<'a, T: serde::Deserialize<'a>>(
+    states: &'a [(StateKind, Vec<u8>)],
+    kind: StateKind,
+    what: &str,
+) -> Result<T, VmError> {
+    let bytes = states
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, b)| b.as_slice())
+        .ok_or_else(|| VmError(format!("{what} section {kind:?} missing")))?;
+    postcard::from_bytes(bytes).map_err(|e| VmError(format!("{what} section {kind:?}: {e}")))
+}

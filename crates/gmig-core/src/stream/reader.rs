@@ -57,13 +57,18 @@ impl Validator {
         }
     }
 
+    /// Read a section header's fields at the current offset.
+    fn parse_head(&self, head: &[u8; SECTION_HEADER_LEN]) -> Result<WireSection> {
+        WireSection::read_from_bytes(head).map_err(|_| StreamError::Truncated {
+            offset: self.offset,
+            wanted: SECTION_HEADER_LEN as u64,
+        })
+    }
+
     /// Check a section header before its payload is read; returns the payload length.
     fn check_head(&self, head: &[u8; SECTION_HEADER_LEN]) -> Result<usize> {
         let at = self.offset;
-        let sec = WireSection::read_from_bytes(head).map_err(|_| StreamError::Truncated {
-            offset: at,
-            wanted: SECTION_HEADER_LEN as u64,
-        })?;
+        let sec = self.parse_head(head)?;
         let kind = sec.kind.get();
         let len = sec.length.get();
         if StateKind::from_wire(kind).is_none() && kind != KIND_PAGES && kind != KIND_END {
@@ -107,10 +112,7 @@ impl Validator {
     /// Validate a complete section (its header already passed `check_head`).
     fn accept(&mut self, head: &[u8; SECTION_HEADER_LEN], payload: Vec<u8>) -> Result<Section> {
         let at = self.offset;
-        let sec = WireSection::read_from_bytes(head).map_err(|_| StreamError::Truncated {
-            offset: at,
-            wanted: SECTION_HEADER_LEN as u64,
-        })?;
+        let sec = self.parse_head(head)?;
         let kind = sec.kind.get();
         let computed = section_crc(&head[..12], &payload);
         if computed != sec.crc.get() {

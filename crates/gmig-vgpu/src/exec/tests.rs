@@ -5,23 +5,15 @@ use gmig_cmdparser::{BatchContext, GgttOffset};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::gm::{HostConfig, PartitionManager, VgpuType, PAGE_SIZE};
-use crate::gtt::new_guest_ram;
+use crate::gm::PAGE_SIZE;
 use crate::mmio::{self, EngineId};
-use crate::vgpu::{Vgpu, VgpuConfig};
+use crate::vgpu::Vgpu;
 use crate::work::Workload;
 
 /// A vGPU whose hidden slice's first `pages` pages map guest RAM from 1 MiB up.
 fn setup(pages: u64) -> (Vgpu, u64) {
-    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
-    let (_, s) = pm.place(VgpuType::V5_8).unwrap();
-    let mut v = Vgpu::new(
-        VgpuConfig::new(VgpuType::V5_8, 1),
-        s,
-        new_guest_ram(8 << 20).unwrap(),
-    )
-    .unwrap();
-    let base = s.hidden.base.0;
+    let mut v = crate::vgpu::lone_test_vgpu(1, 8 << 20);
+    let base = v.host_slices().hidden.base.0;
     for p in 0..pages {
         let e = mmio::GTT_MMIO_BASE + ((base / PAGE_SIZE + p) * 8) as u32;
         v.mmio_write64(e, ((1 << 20) + p * PAGE_SIZE) | 1).unwrap();
@@ -59,13 +51,37 @@ fn gpa_of(base: u64, gpu: u64) -> GuestAddress {
     GuestAddress((1 << 20) + (gpu - base))
 }
 
+/// `len` bytes of guest memory at GPU address `gpu` (mapped by [`setup`] from `base`).
+fn read_at(v: &Vgpu, base: u64, gpu: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    v.guest_memory()
+        .read_slice(&mut out, gpa_of(base, gpu))
+        .unwrap();
+    out
+}
+
+/// Writes `img` at GPU address `a`, runs the blits `to_tiled` then `from_tiled` on the blitter
+/// and checks that they fault nowhere and leave `img` again at `c`.
+fn tiled_round_trip(
+    v: &mut Vgpu,
+    base: u64,
+    img: &[u8],
+    (a, c): (u64, u64),
+    to_tiled: Vec<u32>,
+    from_tiled: Vec<u32>,
+) {
+    v.guest_memory().write_slice(img, gpa_of(base, a)).unwrap();
+    run(v, EngineId::Blitter, vec![to_tiled, from_tiled]);
+    assert!(v.faults().is_empty(), "{:?}", v.faults());
+    assert_eq!(read_at(v, base, c, img.len()), img);
+}
+
 #[test]
 fn copies_through_an_x_tiled_surface_and_back() {
     let (mut v, base) = setup(64);
     let (a, b, c) = (base, base + 16 * PAGE_SIZE, base + 40 * PAGE_SIZE);
     // A: 200x16 pixels, pitch 800, a gradient.
     let img: Vec<u8> = (0..800 * 16).map(|i| (i * 31 % 253) as u8).collect();
-    v.guest_memory().write_slice(&img, gpa_of(base, a)).unwrap();
     let rect = Rect {
         x1: 0,
         y1: 0,
@@ -77,20 +93,10 @@ fn copies_through_an_x_tiled_surface_and_back() {
     to_tiled[0] |= 1 << 11;
     let mut from_tiled = build::xy_src_copy_blt(c, 800, rect, b, 256, 0, 0, 4);
     from_tiled[0] |= 1 << 15;
-    run(&mut v, EngineId::Blitter, vec![to_tiled, from_tiled]);
-    assert!(v.faults().is_empty(), "{:?}", v.faults());
-    let mut out = vec![0u8; img.len()];
-    v.guest_memory()
-        .read_slice(&mut out, gpa_of(base, c))
-        .unwrap();
-    assert_eq!(out, img);
+    tiled_round_trip(&mut v, base, &img, (a, c), to_tiled, from_tiled);
     // Pixel (150, 9) lives in tile 3 (second tile row, second column), row 1, byte 88.
-    let mut px = [0u8; 4];
-    v.guest_memory()
-        .read_slice(&mut px, gpa_of(base, b + 3 * 4096 + 512 + 88))
-        .unwrap();
-    let want = &img[9 * 800 + 600..9 * 800 + 604];
-    assert_eq!(&px, want);
+    let px = read_at(&v, base, b + 3 * 4096 + 512 + 88, 4);
+    assert_eq!(px, &img[9 * 800 + 600..9 * 800 + 604]);
 }
 
 #[test]
@@ -99,7 +105,6 @@ fn fast_copies_through_a_y_tiled_surface_and_back() {
     let (a, b, c) = (base, base + 16 * PAGE_SIZE, base + 40 * PAGE_SIZE);
     // A: 64x40 pixels linear (pitch 256); B: Y-tiled, pitch 256 bytes = 2 tiles per row.
     let img: Vec<u8> = (0..256 * 40).map(|i| (i * 13 % 251) as u8).collect();
-    v.guest_memory().write_slice(&img, gpa_of(base, a)).unwrap();
     let rect = Rect {
         x1: 0,
         y1: 0,
@@ -110,20 +115,11 @@ fn fast_copies_through_a_y_tiled_surface_and_back() {
     to_tiled[0] |= 2 << 13;
     let mut from_tiled = fast_copy(c, 256, rect, b, 64);
     from_tiled[0] |= 2 << 20;
-    run(&mut v, EngineId::Blitter, vec![to_tiled, from_tiled]);
-    assert!(v.faults().is_empty(), "{:?}", v.faults());
-    let mut out = vec![0u8; img.len()];
-    v.guest_memory()
-        .read_slice(&mut out, gpa_of(base, c))
-        .unwrap();
-    assert_eq!(out, img);
+    tiled_round_trip(&mut v, base, &img, (a, c), to_tiled, from_tiled);
     // Pixel (37, 33): byte 148 of row 33 -> tile 3 (second row, second column), column 1,
     // row 1, byte 4.
-    let mut px = [0u8; 4];
-    v.guest_memory()
-        .read_slice(&mut px, gpa_of(base, b + 3 * 4096 + 512 + 16 + 4))
-        .unwrap();
-    assert_eq!(&px, &img[33 * 256 + 148..33 * 256 + 152]);
+    let px = read_at(&v, base, b + 3 * 4096 + 512 + 16 + 4, 4);
+    assert_eq!(px, &img[33 * 256 + 148..33 * 256 + 152]);
     assert!(v.stats().skipped.is_empty());
 }
 
