@@ -56,6 +56,7 @@ pub mod aub;
 pub mod audit;
 pub mod build;
 pub mod decode;
+mod desc;
 pub mod memory;
 pub mod regs;
 pub mod remap;

@@ -8,7 +8,7 @@
 //! Conventions: `dword` positions count DW0 as 0; address fields name their lowest address bit;
 //! length rules are `(DW0 & mask) + bias`.
 
-use crate::table::{
+use crate::desc::{
     Access, AddrField, Class, CommandDesc, Cond, Engines, Flags, Gens, Hook, LengthRule, SizeRule,
     SpaceRule, Width,
 };

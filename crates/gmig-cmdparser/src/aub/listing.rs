@@ -207,7 +207,7 @@ pub fn access_name(access: Access) -> &'static str {
 }
 
 fn engine_name(engine: Engine) -> &'static str {
-    super::fixture::engine_name(engine)
+    super::fixture::manifest::engine_name(engine)
 }
 
 fn ring_text(r: &RingState) -> String {
@@ -224,7 +224,7 @@ pub fn to_text(items: &[ListingItem]) -> String {
     for item in items {
         match item {
             ListingItem::Header { gen, app_name } => {
-                let g = gen.map_or("unknown", super::fixture::gen_name);
+                let g = gen.map_or("unknown", super::fixture::manifest::gen_name);
                 let _ = writeln!(s, "capture: gen {g}, application {app_name:?}");
             }
             ListingItem::Submission {
