@@ -327,6 +327,34 @@ struct Surface {
 
 /// Touched byte range from `base` for corners `(x1,y1)`–`(x2,y2)` (exclusive) of surface `s`.
 /// Empty rectangles touch nothing: `Some((base, 0))`.
+/// The bytes a blit touches: a `w`×`h` rectangle (from the destination corners `x1,y1`–`x2,y2`)
+/// placed at `addr` (source corner `sx,sy`) on a surface whose DW pitch field is `pitch_raw`: a signed 16-bit byte count
+/// when linear, a dword count when tiled (`tile_rows` rows per tile; `None`: linear).
+fn blit_range(
+    addr: u64,
+    pitch_raw: u32,
+    tile_rows: Option<u32>,
+    cpp: u64,
+    (x1, y1, x2, y2): (u32, u32, u32, u32),
+    (sx, sy): (u32, u32),
+) -> Option<(u64, u64)> {
+    let mut pitch = i64::from(i16::from_le_bytes((pitch_raw as u16).to_le_bytes()));
+    if tile_rows.is_some() {
+        pitch = pitch.abs().checked_mul(4)?;
+    }
+    let w = x2.saturating_sub(x1);
+    let h = y2.saturating_sub(y1);
+    rect_range(
+        addr,
+        (sx, sy, sx.checked_add(w)?, sy.checked_add(h)?),
+        Surface {
+            pitch,
+            cpp,
+            tile_rows: tile_rows.unwrap_or(1),
+        },
+    )
+}
+
 fn rect_range(base: u64, (x1, y1, x2, y2): (u32, u32, u32, u32), s: Surface) -> Option<(u64, u64)> {
     let Surface {
         pitch,
@@ -411,23 +439,13 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
                 (d(7) & 0xffff, (d(0) >> 15) & 1 == 1, sx, sy)
             };
             // Pitch is a signed 16-bit byte count for linear surfaces, dwords when tiled.
-            let mut pitch = i64::from(i16::from_le_bytes((pitch_raw as u16).to_le_bytes()));
-            let tile_rows = if tiled {
-                pitch = pitch.abs().checked_mul(4)?;
-                32
-            } else {
-                1
-            };
-            let w = x2.saturating_sub(x1);
-            let h = y2.saturating_sub(y1);
-            rect_range(
+            blit_range(
                 addr,
-                (sx, sy, sx.checked_add(w)?, sy.checked_add(h)?),
-                Surface {
-                    pitch,
-                    cpp,
-                    tile_rows,
-                },
+                pitch_raw,
+                tiled.then_some(32),
+                cpp,
+                (x1, y1, x2, y2),
+                (sx, sy),
             )
         }
         SizeRule::FastDst | SizeRule::FastSrc => {
@@ -451,23 +469,13 @@ fn range_of(rule: SizeRule, dwords: &[u32], base: usize, addr: u64) -> Option<(u
                 let (sx, sy) = xy(d(6));
                 (d(7) & 0xffff, (d(0) >> 20) & 3, sx, sy)
             };
-            let mut pitch = i64::from(i16::from_le_bytes((pitch_raw as u16).to_le_bytes()));
-            let tile_rows = if tiling != 0 {
-                pitch = pitch.abs().checked_mul(4)?;
-                256
-            } else {
-                1
-            };
-            let w = x2.saturating_sub(x1);
-            let h = y2.saturating_sub(y1);
-            rect_range(
+            blit_range(
                 addr,
-                (sx, sy, sx.checked_add(w)?, sy.checked_add(h)?),
-                Surface {
-                    pitch,
-                    cpp,
-                    tile_rows,
-                },
+                pitch_raw,
+                (tiling != 0).then_some(256),
+                cpp,
+                (x1, y1, x2, y2),
+                (sx, sy),
             )
         }
     };
