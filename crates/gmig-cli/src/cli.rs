@@ -10,7 +10,6 @@ Exit codes:
   1  runtime error (bad input, I/O failure, rejected or broken migration)
   2  usage error
   3  check failed (replay differs from the fixture, migrated run not identical)
-  4  subcommand not built in this version
 
 Logging: set RUST_LOG (e.g. RUST_LOG=gmig_core=debug); logs go to stderr.";
 
@@ -268,9 +267,16 @@ pub struct ServeArgs {
     /// Unix socket path to serve vfio-user on.
     #[arg(long)]
     pub socket: PathBuf,
-    /// vGPU type: aperture+hidden MiB.
-    #[arg(long, default_value = "64+384")]
+    /// vGPU type: aperture+hidden MiB (64+384, 128+512, 256+1024, 512+2048).
+    #[arg(long = "type", alias = "vgpu-type", default_value = "64+384")]
     pub vgpu_type: String,
+    /// Run the built-in guest-driver model with this workload on the client's RAM once it is
+    /// mapped (one frame every few messages), for demonstrations without a real guest driver.
+    #[arg(long, value_enum)]
+    pub profile: Option<ProfileArg>,
+    /// Serve this many clients, one after another, then exit (default: serve for ever).
+    #[arg(long)]
+    pub clients: Option<u64>,
 }
 
 #[derive(Debug, Args)]

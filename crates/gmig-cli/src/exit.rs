@@ -13,15 +13,11 @@ pub mod code {
     /// migrated run was not identical to the unmigrated reference.
     #[allow(dead_code)]
     pub const CHECK_FAILED: u8 = 3;
-    /// The subcommand is not built in this version of gmig.
-    pub const NOT_BUILT: u8 = 4;
 }
 
 /// Why a subcommand failed.
 #[derive(Debug)]
 pub enum Failure {
-    /// The subcommand is declared but not implemented yet.
-    NotBuilt { what: String, by: String },
     /// A verification failed (exit code 3).
     #[allow(dead_code)]
     Check(String),
@@ -37,17 +33,8 @@ impl From<anyhow::Error> for Failure {
 }
 
 impl Failure {
-    /// The subcommand `what` is declared but arrives with `by`.
-    pub fn not_built(what: &str, by: &str) -> Self {
-        Failure::NotBuilt {
-            what: what.to_owned(),
-            by: by.to_owned(),
-        }
-    }
-
     fn code(&self) -> u8 {
         match self {
-            Failure::NotBuilt { .. } => code::NOT_BUILT,
             Failure::Check(_) => code::CHECK_FAILED,
             Failure::Error(_) => code::ERROR,
         }
@@ -55,9 +42,6 @@ impl Failure {
 
     fn message(&self) -> String {
         match self {
-            Failure::NotBuilt { what, by } => format!(
-                "`gmig {what}` is not built yet in this version (it arrives with {by}); nothing was done"
-            ),
             Failure::Check(msg) => format!("check failed: {msg}"),
             Failure::Error(e) => chain(e),
         }

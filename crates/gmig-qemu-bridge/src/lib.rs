@@ -21,3 +21,4 @@
 pub mod client;
 pub mod proto;
 pub mod server;
+pub mod vgpu_backend;

@@ -74,6 +74,9 @@ pub trait UserDevice {
     fn dma_changed(&mut self, mem: Option<&GuestMemoryMmap>);
     /// The device's migration handle, `None` when it cannot migrate.
     fn migration(&mut self) -> Option<&mut MigrationHandle<Self::Mig>>;
+    /// Called after every message the server handled: a device whose work advances on its own
+    /// (a guest-driver model) takes a step here. The default does nothing.
+    fn tick(&mut self) {}
 }
 
 /// Why a connection ended.
@@ -151,6 +154,11 @@ impl<D: UserDevice> Server<D> {
         &mut self.device
     }
 
+    /// The device back.
+    pub fn into_device(self) -> D {
+        self.device
+    }
+
     /// Serves one client until it disconnects. The device is left running and unmapped.
     pub fn serve(&mut self, mut stream: UnixStream) -> Result<(), ServerError> {
         let r = self.serve_inner(&mut stream);
@@ -181,6 +189,7 @@ impl<D: UserDevice> Server<D> {
             if h.flags & FLAG_NO_REPLY == 0 {
                 send(stream, h, &reply)?;
             }
+            self.device.tick();
         }
     }
 

@@ -1,10 +1,67 @@
-//! `gmig serve`.
+//! `gmig serve`: the reference vGPU as a vfio-user PCI device on a UNIX socket.
+
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixListener;
+
+use anyhow::{anyhow, Context};
+use gmig_cmdparser::Gen;
+use gmig_qemu_bridge::server::Server;
+use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
+use gmig_vgpu::gm::{HostConfig, PartitionManager};
+use gmig_vgpu::migratable::parse_vgpu_type;
 
 use crate::cli::ServeArgs;
+use crate::cmd::migrate::profile_of;
 use crate::exit::Failure;
+
+fn event(json: bool, kind: &str, detail: &str) {
+    if json {
+        println!("{}", serde_json::json!({ "event": kind, "detail": detail }));
+    } else {
+        eprintln!("gmig serve: {kind}: {detail}");
+    }
+}
 
 /// Run `gmig serve`.
 pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
-    let _ = (args, json);
-    Err(Failure::not_built("serve", "the vfio-user bridge"))
+    let ty = parse_vgpu_type(&args.vgpu_type)
+        .ok_or_else(|| anyhow!("unknown vGPU type `{}`", args.vgpu_type))?;
+    let host = HostConfig::default();
+    let mut pm = PartitionManager::new(host).context("host graphics memory")?;
+    let (_, slices) = pm.place(ty).context("placing the vGPU")?;
+    // A socket file left by an earlier run is replaced; any other file is not touched.
+    if let Ok(meta) = std::fs::symlink_metadata(&args.socket) {
+        if !meta.file_type().is_socket() {
+            return Err(anyhow!("{} exists and is not a socket", args.socket.display()).into());
+        }
+        std::fs::remove_file(&args.socket)
+            .with_context(|| format!("removing the old {}", args.socket.display()))?;
+    }
+    let listener = UnixListener::bind(&args.socket)
+        .with_context(|| format!("listening on {}", args.socket.display()))?;
+    let spec = VgpuSpec {
+        gen: Gen::Gen9,
+        ty,
+        slices,
+        aperture: host.aperture_size,
+        profile: args.profile.map(|p| (profile_of(p), 1)),
+    };
+    event(
+        json,
+        "listening",
+        &format!("{} ({} vGPU)", args.socket.display(), args.vgpu_type),
+    );
+    let mut server = Server::new(VgpuBackend::new(spec));
+    let mut served = 0u64;
+    while args.clients.is_none_or(|n| served < n) {
+        let (stream, _) = listener.accept().context("accepting a client")?;
+        served += 1;
+        event(json, "connected", &format!("client {served}"));
+        match server.serve(stream) {
+            Ok(()) => event(json, "disconnected", &format!("client {served}")),
+            Err(e) => event(json, "dropped", &format!("client {served}: {e}")),
+        }
+    }
+    let _ = std::fs::remove_file(&args.socket);
+    Ok(())
 }

@@ -1,0 +1,253 @@
+//! The reference vGPU as a vfio-user device: [`gmig_vgpu::pci`]'s PCI function (config space,
+//! BAR0 registers and GGTT, BAR2 aperture, MSI) over the client's DMA-mapped RAM, migrated through
+//! [`VmDevice`] — the same VFIO v2 device a VMM drives in process.
+//!
+//! The vGPU comes to life on the first DMA map (its guest memory *is* the client's RAM) and then
+//! stays: a client that disconnects leaves it running with its state, and the next client finds it.
+//! A resumed migration stream replaces it (pages are written into the client's RAM).
+
+use std::fs::File;
+use std::io::Write;
+
+use gmig_cmdparser::{Gen, VgpuSlices};
+use gmig_core::migration::{MigrationConfig, Policy, SaveSettings, VmDevice};
+use gmig_core::stream::StreamLimits;
+use gmig_vfio_migration::MigrationHandle;
+use gmig_vgpu::gm::VgpuType;
+use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
+use gmig_vgpu::pci::{self, PciConfig};
+use gmig_vgpu::workload::{Profile, WorkloadConfig};
+use vm_memory::GuestMemoryMmap;
+
+use crate::server::{Errno, UserDevice};
+
+/// Region indices (`linux/vfio.h`, PCI).
+const BAR0: u32 = 0;
+const BAR2: u32 = 2;
+const CONFIG: u32 = 7;
+/// IRQ index of MSI.
+const MSI: u32 = 1;
+/// `VFIO_REGION_INFO_FLAG_READ | WRITE`.
+const RW: u32 = 3;
+
+/// What a served vGPU is.
+#[derive(Debug, Clone)]
+pub struct VgpuSpec {
+    /// Generation.
+    pub gen: Gen,
+    /// vGPU type.
+    pub ty: VgpuType,
+    /// Where the vGPU's slices sit on this host.
+    pub slices: VgpuSlices,
+    /// Host aperture size (BAR2).
+    pub aperture: u64,
+    /// Optionally, the guest-driver model to boot on the client's RAM (for demonstrations
+    /// without a real guest driver).
+    pub profile: Option<(Profile, u64)>,
+}
+
+/// The reference vGPU behind a vfio-user server.
+pub struct VgpuBackend {
+    spec: VgpuSpec,
+    config: PciConfig,
+    handle: Option<MigrationHandle<VmDevice<VgpuFactory>>>,
+    msi: Vec<File>,
+    irqs_seen: u64,
+    ticks: u64,
+    steps: u64,
+}
+
+/// With a guest-driver model, one workload step (a frame) every this many messages.
+pub const MESSAGES_PER_STEP: u64 = 4;
+
+impl std::fmt::Debug for VgpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VgpuBackend")
+            .field("spec", &self.spec)
+            .field("attached", &self.handle.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn settings() -> SaveSettings {
+    SaveSettings::from(&MigrationConfig::new(Policy::OneShotNarrow))
+}
+
+impl VgpuBackend {
+    /// A backend that will serve `spec` once the client maps its RAM.
+    pub fn new(spec: VgpuSpec) -> Self {
+        VgpuBackend {
+            config: PciConfig::new(spec.gen, spec.aperture),
+            spec,
+            handle: None,
+            msi: Vec::new(),
+            irqs_seen: 0,
+            ticks: 0,
+            steps: 0,
+        }
+    }
+
+    /// The vGPU, when one is attached.
+    pub fn vm(&self) -> Option<&VgpuVm> {
+        self.handle.as_ref().and_then(|h| h.device().vm())
+    }
+
+    /// The vGPU, mutably.
+    pub fn vm_mut(&mut self) -> Option<&mut VgpuVm> {
+        self.handle.as_mut().and_then(|h| h.device_mut().vm_mut())
+    }
+
+    /// Workload steps the guest-driver model has taken.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Runs the work the guest queued and signals MSI when it raised an interrupt.
+    fn run_gpu(&mut self) {
+        let Some(vm) = self.vm_mut() else {
+            return;
+        };
+        if vm.vgpu().is_accepting() {
+            vm.run_queued();
+        }
+        let raised = vm.vgpu().interrupts_raised();
+        if raised != self.irqs_seen {
+            self.irqs_seen = raised;
+            if self.config.msi().is_some() {
+                if let Some(f) = self.msi.first_mut() {
+                    let _ = f.write_all(&1u64.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+impl UserDevice for VgpuBackend {
+    type Mig = VmDevice<VgpuFactory>;
+
+    fn device_info(&self) -> (u32, u32, u32) {
+        // VFIO_DEVICE_FLAGS_PCI | RESET; 9 regions (BAR0-5, ROM, config, VGA), 5 IRQ indices.
+        (2 | 1, 9, 5)
+    }
+
+    fn region_info(&self, index: u32) -> Option<(u32, u64)> {
+        match index {
+            BAR0 | BAR2 => Some((RW, self.config.bar_size(index as usize)?)),
+            CONFIG => Some((RW, pci::CONFIG_SIZE as u64)),
+            _ => None,
+        }
+    }
+
+    fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
+        match index {
+            CONFIG => self.config.read(offset, data),
+            BAR0 | BAR2 => {
+                let vm = self.vm().ok_or(libc::EIO)?;
+                if index == BAR0 {
+                    pci::bar0_read(vm.vgpu(), offset, data);
+                } else {
+                    pci::aperture_read(vm.vgpu(), offset, data);
+                }
+            }
+            _ => return Err(libc::EINVAL),
+        }
+        Ok(())
+    }
+
+    fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        match index {
+            CONFIG => self.config.write(offset, data),
+            BAR0 => {
+                let vm = self.vm_mut().ok_or(libc::EIO)?;
+                pci::bar0_write(vm.vgpu_mut(), offset, data);
+                self.run_gpu();
+            }
+            BAR2 => {
+                let vm = self.vm().ok_or(libc::EIO)?;
+                pci::aperture_write(vm.vgpu(), offset, data);
+            }
+            _ => return Err(libc::EINVAL),
+        }
+        Ok(())
+    }
+
+    fn irq_info(&self, index: u32) -> Option<(u32, u32)> {
+        // VFIO_IRQ_INFO_EVENTFD; INTx is not offered (MSI only).
+        (index == MSI).then_some((1, 1))
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        _flags: u32,
+        _start: u32,
+        _count: u32,
+        fds: Vec<File>,
+    ) -> Result<(), Errno> {
+        if index != MSI {
+            return Err(libc::EINVAL);
+        }
+        self.msi = fds;
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Result<(), Errno> {
+        // A function-level reset: PCI state back to power-on; the vGPU's guest memory stays.
+        self.config = PciConfig::new(self.spec.gen, self.spec.aperture);
+        self.msi.clear();
+        Ok(())
+    }
+
+    fn dma_changed(&mut self, mem: Option<&GuestMemoryMmap>) {
+        let (Some(mem), None) = (mem, &self.handle) else {
+            return;
+        };
+        let s = &self.spec;
+        let vm = match VgpuVm::on_memory(s.ty, s.slices, mem.clone()) {
+            Ok(mut vm) => {
+                if let Some((profile, seed)) = s.profile {
+                    if let Err(e) = vm.boot_driver(profile, WorkloadConfig::small(), seed) {
+                        tracing::warn!(%e, "guest-driver model did not boot");
+                    }
+                }
+                vm
+            }
+            Err(e) => {
+                tracing::warn!(%e, "no vGPU on the mapped memory");
+                return;
+            }
+        };
+        let factory = VgpuFactory::new(s.gen, s.ty, s.slices, 0).on_memory(mem.clone());
+        match VmDevice::new(Some(vm), factory, StreamLimits::default(), settings()).and_then(|d| {
+            MigrationHandle::new(d)
+                .map_err(|e| gmig_vfio_migration::DeviceError::Failed(e.to_string()))
+        }) {
+            Ok(h) => self.handle = Some(h),
+            Err(e) => tracing::warn!(%e, "vGPU device"),
+        }
+    }
+
+    fn migration(&mut self) -> Option<&mut MigrationHandle<VmDevice<VgpuFactory>>> {
+        self.handle.as_mut()
+    }
+
+    fn tick(&mut self) {
+        self.ticks += 1;
+        if self.spec.profile.is_none() || !self.ticks.is_multiple_of(MESSAGES_PER_STEP) {
+            return;
+        }
+        let running = self.handle.as_ref().is_some_and(|h| {
+            matches!(
+                h.state(),
+                gmig_vfio_migration::DeviceState::Running
+                    | gmig_vfio_migration::DeviceState::PreCopy
+            )
+        });
+        // A vGPU without the model (a destination) has nothing to step.
+        if let (true, Some(vm)) = (running, self.vm_mut()) {
+            if vm.run_steps(1).is_ok() {
+                self.steps += 1;
+            }
+        }
+    }
+}
