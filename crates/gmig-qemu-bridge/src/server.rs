@@ -342,7 +342,12 @@ impl<D: UserDevice> Server<D> {
         if argsz < 32 {
             return Err(libc::EINVAL);
         }
-        let (flags, size) = self.device.region_info(index).ok_or(libc::EINVAL)?;
+        // Indices below num_regions always answer (an absent BAR has size 0, as in the kernel).
+        let (_, regions, _) = self.device.device_info();
+        if index >= regions {
+            return Err(libc::EINVAL);
+        }
+        let (flags, size) = self.device.region_info(index).unwrap_or((0, 0));
         let mut v = Vec::new();
         v.put32(32);
         v.put32(flags);
@@ -361,7 +366,12 @@ impl<D: UserDevice> Server<D> {
         if argsz < 16 {
             return Err(libc::EINVAL);
         }
-        let (flags, count) = self.device.irq_info(index).ok_or(libc::EINVAL)?;
+        // Indices below num_irqs always answer (an absent one has count 0, as in the kernel).
+        let (_, _, irqs) = self.device.device_info();
+        if index >= irqs {
+            return Err(libc::EINVAL);
+        }
+        let (flags, count) = self.device.irq_info(index).unwrap_or((0, 0));
         let mut v = Vec::new();
         v.put32(16);
         v.put32(flags);
