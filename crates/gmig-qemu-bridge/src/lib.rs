@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod framing;
 pub mod proto;
 pub mod server;
 pub mod vgpu_backend;
