@@ -70,10 +70,12 @@ pub fn read_device_data<R: Read>(input: &mut R, limit: u64) -> Result<Vec<u8>, F
     let mut data = Vec::new();
     let u64_at = |input: &mut R, offset: &mut u64| -> Result<u64, FramingError> {
         let mut b = [0u8; 8];
-        input.read_exact(&mut b).map_err(|source| FramingError::Io {
-            offset: *offset,
-            source,
-        })?;
+        input
+            .read_exact(&mut b)
+            .map_err(|source| FramingError::Io {
+                offset: *offset,
+                source,
+            })?;
         *offset += 8;
         Ok(u64::from_be_bytes(b))
     };
@@ -117,7 +119,10 @@ mod tests {
             write_device_data(&mut framed, &data, chunk).unwrap();
             assert_eq!(&framed[..8], &DEV_DATA_STATE.to_be_bytes());
             assert_eq!(&framed[framed.len() - 8..], &END_OF_STATE.to_be_bytes());
-            assert_eq!(read_device_data(&mut framed.as_slice(), 1 << 20).unwrap(), data);
+            assert_eq!(
+                read_device_data(&mut framed.as_slice(), 1 << 20).unwrap(),
+                data
+            );
         }
     }
 
@@ -127,7 +132,9 @@ mod tests {
         assert_eq!(DEV_DATA_STATE, 0xffff_ffff_ef10_0004);
         let mut framed = DEV_SETUP_STATE.to_be_bytes().to_vec();
         framed.extend_from_slice(&END_OF_STATE.to_be_bytes());
-        assert!(read_device_data(&mut framed.as_slice(), 16).unwrap().is_empty());
+        assert!(read_device_data(&mut framed.as_slice(), 16)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
