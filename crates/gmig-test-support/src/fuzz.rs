@@ -169,3 +169,145 @@ pub fn vgpu_resume(data: &[u8]) -> bool {
     );
     false
 }
+
+/// A small device for the vfio-user harness: one 4 KiB BAR, config space, a blob that migrates.
+struct FuzzDevice {
+    bar: Vec<u8>,
+    mig: MigrationHandle<gmig_vfio_migration::testdev::BlobDevice>,
+}
+
+impl gmig_qemu_bridge::server::UserDevice for FuzzDevice {
+    type Mig = gmig_vfio_migration::testdev::BlobDevice;
+    fn device_info(&self) -> (u32, u32, u32) {
+        (3, 9, 5)
+    }
+    fn region_info(&self, index: u32) -> Option<(u32, u64)> {
+        matches!(index, 0 | 7).then_some((3, 4096))
+    }
+    fn region_read(&mut self, _: u32, offset: u64, data: &mut [u8]) -> Result<(), i32> {
+        let o = usize::try_from(offset).map_err(|_| libc_einval())?;
+        let src = self.bar.get(o..o + data.len()).ok_or_else(libc_einval)?;
+        data.copy_from_slice(src);
+        Ok(())
+    }
+    fn region_write(&mut self, _: u32, offset: u64, data: &[u8]) -> Result<(), i32> {
+        let o = usize::try_from(offset).map_err(|_| libc_einval())?;
+        let dst = self
+            .bar
+            .get_mut(o..o + data.len())
+            .ok_or_else(libc_einval)?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+    fn irq_info(&self, index: u32) -> Option<(u32, u32)> {
+        (index == 1).then_some((1, 1))
+    }
+    fn set_irqs(
+        &mut self,
+        _: u32,
+        _: u32,
+        _: u32,
+        _: u32,
+        _: Vec<std::fs::File>,
+    ) -> Result<(), i32> {
+        Ok(())
+    }
+    fn reset(&mut self) -> Result<(), i32> {
+        self.bar.fill(0);
+        Ok(())
+    }
+    fn dma_changed(&mut self, _: Option<&vm_memory::GuestMemoryMmap>) {}
+    fn migration(&mut self) -> Option<&mut MigrationHandle<Self::Mig>> {
+        Some(&mut self.mig)
+    }
+}
+
+fn libc_einval() -> i32 {
+    22
+}
+
+/// Plays `data` as everything a vfio-user client sends on a connection, then hangs up. The server
+/// must answer or close without panicking, and leave the device RUNNING for the next client.
+pub fn vfio_user_session(data: &[u8]) {
+    use std::io::{Read, Write};
+    let (mut client, server_end) = std::os::unix::net::UnixStream::pair().expect("socket pair");
+    let dev = FuzzDevice {
+        bar: vec![0; 4096],
+        mig: MigrationHandle::new(gmig_vfio_migration::testdev::BlobDevice::new(
+            8192,
+            1024,
+            1,
+            gmig_vfio_migration::MigrationFeatures::ALL,
+        ))
+        .expect("handle"),
+    };
+    let server = std::thread::spawn(move || {
+        let mut s = gmig_qemu_bridge::server::Server::new(dev);
+        let _ = s.serve(server_end);
+        s.into_device()
+    });
+    // Replies are drained on this side so the server never blocks on a full socket.
+    let mut reader = client.try_clone().expect("clone");
+    let drain = std::thread::spawn(move || {
+        let mut sink = [0u8; 4096];
+        while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let _ = client.write_all(data);
+    let _ = client.shutdown(std::net::Shutdown::Write);
+    let dev = server.join().expect("the server never panics");
+    drop(client);
+    let _ = drain.join();
+    let mut dev = dev;
+    let state = gmig_qemu_bridge::server::UserDevice::migration(&mut dev).map(|h| h.state());
+    assert_eq!(
+        state,
+        Some(DeviceState::Running),
+        "the device runs after the client left"
+    );
+}
+
+/// A valid client session (VERSION, info, region accesses, a migration state change and a data
+/// read), as the seed of [`vfio_user_session`].
+pub fn vfio_user_seed() -> Vec<u8> {
+    use gmig_qemu_bridge::proto::{Command, Feature, Header, MigData, Put, RegionAccess};
+    let mut out = Vec::new();
+    let mut msg = |id: u16, c: Command, p: &[u8]| {
+        let h = Header {
+            msg_id: id,
+            command: c as u16,
+            size: (16 + p.len()) as u32,
+            flags: 0,
+            error: 0,
+        };
+        out.extend_from_slice(&h.to_bytes());
+        out.extend_from_slice(p);
+    };
+    let mut v = Vec::new();
+    v.put16(0);
+    v.put16(2);
+    v.extend_from_slice(b"{}\0");
+    msg(1, Command::Version, &v);
+    let mut info = Vec::new();
+    for x in [16u32, 0, 0, 0] {
+        info.put32(x);
+    }
+    msg(2, Command::DeviceGetInfo, &info);
+    let a = RegionAccess {
+        offset: 8,
+        region: 0,
+        count: 4,
+    };
+    msg(3, Command::RegionWrite, &a.to_bytes(&[1, 2, 3, 4]));
+    msg(4, Command::RegionRead, &a.to_bytes(&[]));
+    let mut st = Vec::new();
+    st.put32(DeviceState::PreCopy as u32);
+    st.put32(u32::MAX);
+    msg(
+        5,
+        Command::DeviceFeature,
+        &Feature::to_bytes((1 << 17) | 2, &st),
+    );
+    msg(6, Command::MigDataRead, &MigData::to_bytes(8, 1024, &[]));
+    msg(7, Command::DeviceReset, &[]);
+    out
+}

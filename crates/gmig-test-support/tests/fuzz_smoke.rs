@@ -102,3 +102,12 @@ fn a_resume_either_restores_or_leaves_the_held_vgpu_untouched() {
     );
     assert!(!fuzz::vgpu_resume(&[]));
 }
+
+#[test]
+fn the_vfio_user_server_answers_or_closes_and_never_panics() {
+    let seed = fuzz::vfio_user_seed();
+    fuzz::vfio_user_session(&seed);
+    for m in mutations(&seed, 200, 0xc0de) {
+        fuzz::vfio_user_session(&m);
+    }
+}
