@@ -278,158 +278,195 @@ impl Put for Vec<u8> {
     }
 }
 
-/// `VFIO_USER_DMA_MAP` request (32 bytes): the client's memory at `address..address+size`
-/// is the file passed with the message, from `offset`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DmaMap {
-    /// `argsz`.
-    pub argsz: u32,
-    /// Bit 0 readable, bit 1 writable.
-    pub flags: u32,
-    /// Offset in the file.
-    pub offset: u64,
-    /// Start of the range in the device's DMA (guest-physical) space.
-    pub address: u64,
-    /// Length in bytes.
-    pub size: u64,
+/// A field of a fixed little-endian wire struct.
+trait Field: Sized {
+    fn read(r: &mut Reader<'_>) -> Result<Self, ProtoError>;
+    fn put(self, out: &mut Vec<u8>);
+}
+
+impl Field for u32 {
+    fn read(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        r.u32()
+    }
+    fn put(self, out: &mut Vec<u8>) {
+        out.put32(self);
+    }
+}
+
+impl Field for u64 {
+    fn read(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+        r.u64()
+    }
+    fn put(self, out: &mut Vec<u8>) {
+        out.put64(self);
+    }
+}
+
+/// Declares a fixed little-endian wire struct: the fields in wire order, its encoded size `LEN`
+/// (checked at compile time against the fields), and a private field-by-field reader and writer.
+macro_rules! wire_struct {
+    (
+        $(#[$m:meta])*
+        $name:ident, $len:expr, {
+            $($(#[$fm:meta])* $f:ident: $t:ty),+ $(,)?
+        }
+    ) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t),+
+        }
+
+        impl $name {
+            /// Encoded size (of the fixed part).
+            pub const LEN: usize = $len;
+
+            fn read_fields(r: &mut Reader<'_>) -> Result<Self, ProtoError> {
+                Ok($name { $($f: Field::read(r)?),+ })
+            }
+
+            fn put_fields(self, out: &mut Vec<u8>) {
+                $(Field::put(self.$f, out);)+
+            }
+        }
+
+        const _: () = assert!($len == 0 $(+ std::mem::size_of::<$t>())+);
+    };
+}
+
+wire_struct! {
+    /// `VFIO_USER_DMA_MAP` request (32 bytes): the client's memory at `address..address+size`
+    /// is the file passed with the message, from `offset`.
+    DmaMap, 32, {
+        /// `argsz`.
+        argsz: u32,
+        /// Bit 0 readable, bit 1 writable.
+        flags: u32,
+        /// Offset in the file.
+        offset: u64,
+        /// Start of the range in the device's DMA (guest-physical) space.
+        address: u64,
+        /// Length in bytes.
+        size: u64,
+    }
+}
+
+wire_struct! {
+    /// `VFIO_USER_DMA_UNMAP` request (24 bytes).
+    DmaUnmap, 24, {
+        /// `argsz`.
+        argsz: u32,
+        /// Flags (none supported).
+        flags: u32,
+        /// Start of the range.
+        address: u64,
+        /// Length in bytes.
+        size: u64,
+    }
+}
+
+wire_struct! {
+    /// `REGION_READ` / `REGION_WRITE` fixed part (16 bytes), followed by `count` data bytes in a
+    /// write request and in a read reply.
+    RegionAccess, 16, {
+        /// Offset in the region.
+        offset: u64,
+        /// Region index.
+        region: u32,
+        /// Bytes.
+        count: u32,
+    }
+}
+
+wire_struct! {
+    /// `VFIO_USER_DEVICE_FEATURE` fixed part (`struct vfio_device_feature`: `argsz`, `flags`),
+    /// followed by the feature's data.
+    Feature, 8, {
+        /// `argsz`: the fixed part plus the data.
+        argsz: u32,
+        /// Feature index (low 16 bits) and GET / SET / PROBE.
+        flags: u32,
+    }
+}
+
+wire_struct! {
+    /// `MIG_DATA_READ` / `MIG_DATA_WRITE` fixed part (`argsz`, `size`), followed by `size` bytes in
+    /// a write request and in a read reply.
+    MigData, 8, {
+        /// `argsz`: the fixed part plus the data.
+        argsz: u32,
+        /// Bytes asked for (read request) or carried (write request, read reply).
+        size: u32,
+    }
+}
+
+/// Decodes a fixed part and returns it with the bytes after it.
+fn with_rest<T>(
+    p: &[u8],
+    read: fn(&mut Reader<'_>) -> Result<T, ProtoError>,
+) -> Result<(T, &[u8]), ProtoError> {
+    let mut r = Reader::new(p);
+    let fixed = read(&mut r)?;
+    Ok((fixed, r.rest()))
+}
+
+/// Encodes a fixed part followed by `data`.
+fn then_data(len: usize, put: impl FnOnce(&mut Vec<u8>), data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + data.len());
+    put(&mut v);
+    v.extend_from_slice(data);
+    v
 }
 
 impl DmaMap {
-    /// Encoded size.
-    pub const LEN: usize = 32;
-
     /// Decodes the request.
     pub fn parse(p: &[u8]) -> Result<Self, ProtoError> {
-        let mut r = Reader::new(p);
-        Ok(DmaMap {
-            argsz: r.u32()?,
-            flags: r.u32()?,
-            offset: r.u64()?,
-            address: r.u64()?,
-            size: r.u64()?,
-        })
+        Self::read_fields(&mut Reader::new(p))
     }
 
     /// Encodes the request.
     pub fn to_bytes(self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN);
-        v.put32(self.argsz);
-        v.put32(self.flags);
-        v.put64(self.offset);
-        v.put64(self.address);
-        v.put64(self.size);
-        v
+        then_data(Self::LEN, |v| self.put_fields(v), &[])
     }
-}
-
-/// `VFIO_USER_DMA_UNMAP` request (24 bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DmaUnmap {
-    /// `argsz`.
-    pub argsz: u32,
-    /// Flags (none supported).
-    pub flags: u32,
-    /// Start of the range.
-    pub address: u64,
-    /// Length in bytes.
-    pub size: u64,
 }
 
 impl DmaUnmap {
-    /// Encoded size.
-    pub const LEN: usize = 24;
-
     /// Decodes the request.
     pub fn parse(p: &[u8]) -> Result<Self, ProtoError> {
-        let mut r = Reader::new(p);
-        Ok(DmaUnmap {
-            argsz: r.u32()?,
-            flags: r.u32()?,
-            address: r.u64()?,
-            size: r.u64()?,
-        })
+        Self::read_fields(&mut Reader::new(p))
     }
 
     /// Encodes the request.
     pub fn to_bytes(self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN);
-        v.put32(self.argsz);
-        v.put32(self.flags);
-        v.put64(self.address);
-        v.put64(self.size);
-        v
+        then_data(Self::LEN, |v| self.put_fields(v), &[])
     }
 }
 
-/// `REGION_READ` / `REGION_WRITE` fixed part (16 bytes), followed by `count` data bytes in a write
-/// request and in a read reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegionAccess {
-    /// Offset in the region.
-    pub offset: u64,
-    /// Region index.
-    pub region: u32,
-    /// Bytes.
-    pub count: u32,
-}
-
 impl RegionAccess {
-    /// Encoded size of the fixed part.
-    pub const LEN: usize = 16;
-
     /// Decodes the fixed part; returns it and the bytes after it.
     pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
-        let mut r = Reader::new(p);
-        let a = RegionAccess {
-            offset: r.u64()?,
-            region: r.u32()?,
-            count: r.u32()?,
-        };
-        Ok((a, r.rest()))
+        with_rest(p, Self::read_fields)
     }
 
     /// Encodes the fixed part followed by `data`.
     pub fn to_bytes(self, data: &[u8]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN + data.len());
-        v.put64(self.offset);
-        v.put32(self.region);
-        v.put32(self.count);
-        v.extend_from_slice(data);
-        v
+        then_data(Self::LEN, |v| self.put_fields(v), data)
     }
 }
 
-/// `VFIO_USER_DEVICE_FEATURE` fixed part (`struct vfio_device_feature`: `argsz`, `flags`), followed
-/// by the feature's data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Feature {
-    /// `argsz`: the fixed part plus the data.
-    pub argsz: u32,
-    /// Feature index (low 16 bits) and GET / SET / PROBE.
-    pub flags: u32,
-}
-
 impl Feature {
-    /// Encoded size of the fixed part.
-    pub const LEN: usize = 8;
-
     /// Decodes the fixed part; returns it and the data after it.
     pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
-        let mut r = Reader::new(p);
-        let f = Feature {
-            argsz: r.u32()?,
-            flags: r.u32()?,
-        };
-        Ok((f, r.rest()))
+        with_rest(p, Self::read_fields)
     }
 
     /// Encodes the fixed part followed by `data`, with `argsz` covering both.
     pub fn to_bytes(flags: u32, data: &[u8]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN + data.len());
-        v.put32((Self::LEN + data.len()) as u32);
-        v.put32(flags);
-        v.extend_from_slice(data);
-        v
+        let f = Feature {
+            argsz: (Self::LEN + data.len()) as u32,
+            flags,
+        };
+        then_data(Self::LEN, |v| f.put_fields(v), data)
     }
 
     /// The feature index.
@@ -438,37 +475,15 @@ impl Feature {
     }
 }
 
-/// `MIG_DATA_READ` / `MIG_DATA_WRITE` fixed part (`argsz`, `size`), followed by `size` bytes in a
-/// write request and in a read reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MigData {
-    /// `argsz`: the fixed part plus the data.
-    pub argsz: u32,
-    /// Bytes asked for (read request) or carried (write request, read reply).
-    pub size: u32,
-}
-
 impl MigData {
-    /// Encoded size of the fixed part.
-    pub const LEN: usize = 8;
-
     /// Decodes the fixed part; returns it and the bytes after it.
     pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
-        let mut r = Reader::new(p);
-        let m = MigData {
-            argsz: r.u32()?,
-            size: r.u32()?,
-        };
-        Ok((m, r.rest()))
+        with_rest(p, Self::read_fields)
     }
 
     /// Encodes the fixed part followed by `data`.
     pub fn to_bytes(argsz: u32, size: u32, data: &[u8]) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::LEN + data.len());
-        v.put32(argsz);
-        v.put32(size);
-        v.extend_from_slice(data);
-        v
+        then_data(Self::LEN, |v| MigData { argsz, size }.put_fields(v), data)
     }
 }
 

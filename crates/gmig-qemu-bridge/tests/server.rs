@@ -128,15 +128,9 @@ fn spawn(seed: u64, clients: usize) -> (PathBuf, JoinHandle<TestDevice>, tempfil
             let (s, _) = listener.accept().unwrap();
             server.serve(s).ok();
         }
-        into_device(server)
+        server.into_device()
     });
     (path, t, dir)
-}
-
-fn into_device(s: Server<TestDevice>) -> TestDevice {
-    // The server keeps no other state worth checking; take the device back by value.
-    let mut s = s;
-    std::mem::replace(s.device_mut(), TestDevice::new(0))
 }
 
 fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> i32 {
