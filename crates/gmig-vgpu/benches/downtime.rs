@@ -42,6 +42,7 @@ fn downtime(policy: Policy) -> Duration {
         ram_bytes: RAM,
         opts: RestoreOptions::default(),
         memory: None,
+        ram_by_vmm: false,
     };
     let (a, b) = mem_pair(1 << 20);
     let c2 = cfg.clone();

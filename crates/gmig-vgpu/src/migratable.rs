@@ -71,6 +71,7 @@ pub struct VgpuVm {
     vgpu: Vgpu,
     driver: Option<GuestDriver>,
     tracking: Option<(WriteLog, BTreeSet<Gfn>)>,
+    ram_by_vmm: bool,
 }
 
 impl VgpuVm {
@@ -94,6 +95,7 @@ impl VgpuVm {
             vgpu,
             driver: Some(driver),
             tracking: None,
+            ram_by_vmm: false,
         })
     }
 
@@ -110,7 +112,18 @@ impl VgpuVm {
             vgpu,
             driver: None,
             tracking: None,
+            ram_by_vmm: false,
         })
+    }
+
+    /// Whether the VMM moves guest RAM itself (a KVM VMM with its own RAM pre-copy, QEMU): then
+    /// the device stream carries the vGPU's state only, as a VFIO device's does, and the pages the
+    /// vGPU writes reach the VMM through DMA logging. Off by default: the stream carries guest
+    /// RAM (what a VMM that does not migrate RAM itself needs).
+    #[must_use]
+    pub fn with_ram_by_vmm(mut self, on: bool) -> Self {
+        self.ram_by_vmm = on;
+        self
     }
 
     /// Boot the guest-driver model for `profile` on this vGPU (its objects go into guest memory,
@@ -210,6 +223,9 @@ impl MigratableVm for VgpuVm {
     }
 
     fn migratable_pages(&self) -> Vec<Gfn> {
+        if self.ram_by_vmm {
+            return Vec::new();
+        }
         // All of guest RAM: the GTT-backed pages plus the rest the VMM migrates anyway (mostly
         // zero pages, which travel as markers).
         (0..ram_size(self.vgpu.guest_memory()) / PAGE_SIZE)
@@ -256,6 +272,9 @@ impl MigratableVm for VgpuVm {
             .map(GuestDriver::take_cpu_dirty)
             .unwrap_or_default();
         let ctx = self.context_state_pages();
+        if self.ram_by_vmm {
+            return Candidates::Pages(Vec::new());
+        }
         let Some((acc, acc_cpu)) = self.tracking.as_mut() else {
             return Candidates::Unknown;
         };
@@ -325,6 +344,11 @@ impl MigratableVm for VgpuVm {
         Some(out)
     }
 
+    fn device_writable_pages(&self) -> Option<Vec<Gfn>> {
+        // The GPU writes guest memory only through its GTTs.
+        Some(self.vgpu.gtt_backed_pages())
+    }
+
     fn unquiesce(&mut self) -> Result<(), VmError> {
         self.vgpu.resume();
         Ok(())
@@ -373,6 +397,8 @@ pub struct VgpuFactory {
     /// vfio-user client's DMA-mapped RAM, or a KVM VMM's memfd-backed RAM), into which the stream's
     /// pages are written. `None`: private RAM of `ram_bytes` is allocated.
     pub memory: Option<GuestMemoryMmap>,
+    /// Whether the restored vGPU leaves guest RAM to the VMM ([`VgpuVm::with_ram_by_vmm`]).
+    pub ram_by_vmm: bool,
 }
 
 impl VgpuFactory {
@@ -386,6 +412,7 @@ impl VgpuFactory {
             ram_bytes,
             opts: RestoreOptions { remap: true },
             memory: None,
+            ram_by_vmm: false,
         }
     }
 
@@ -485,6 +512,7 @@ impl VmFactory for VgpuFactory {
                 vgpu,
                 driver: None,
                 tracking: None,
+                ram_by_vmm: self.ram_by_vmm,
             },
             RestoreTimes {
                 restore_ns,

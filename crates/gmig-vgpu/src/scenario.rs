@@ -121,6 +121,7 @@ pub fn run_loopback(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result
         ram_bytes: s.ram_bytes,
         opts: RestoreOptions::default(),
         memory: None,
+        ram_by_vmm: false,
     };
     let dcfg = s.cfg.clone();
     let dest = thread::spawn(move || {

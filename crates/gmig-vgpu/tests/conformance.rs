@@ -30,6 +30,7 @@ fn factory(slices: VgpuSlices) -> VgpuFactory {
         ram_bytes: RAM,
         opts: RestoreOptions { remap: true },
         memory: None,
+        ram_by_vmm: false,
     }
 }
 

@@ -48,6 +48,7 @@ fn factory(d: VgpuSlices, remap: bool) -> VgpuFactory {
         ram_bytes: RAM,
         opts: RestoreOptions { remap },
         memory: None,
+        ram_by_vmm: false,
     }
 }
 

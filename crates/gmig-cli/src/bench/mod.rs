@@ -388,6 +388,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         ram_bytes: ram,
         opts: RestoreOptions { remap: true },
         memory: None,
+        ram_by_vmm: false,
     };
     let dcfg = cfg.clone();
     let applied = Arc::new(AtomicU64::new(0));

@@ -186,6 +186,7 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
         ram_bytes: args.ram_mib << 20,
         opts: RestoreOptions::default(),
         memory: None,
+        ram_by_vmm: false,
     };
     let (mut vm, rep) =
         migrate_destination(factory, conn, &engine_cfg(args)).context("incoming migration")?;

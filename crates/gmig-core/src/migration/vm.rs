@@ -67,6 +67,12 @@ pub trait MigratableVm: Send {
         let _ = max_drain;
         None
     }
+    /// Every guest frame the device itself could write right now (for a GPU: the frames its
+    /// GTTs map), which bounds what DMA logging must re-hash; `None` (the default) when the device
+    /// may write anywhere, which makes every logged frame a candidate.
+    fn device_writable_pages(&self) -> Option<Vec<Gfn>> {
+        None
+    }
     /// Accept submissions again (after a failed migration, or on the destination).
     fn unquiesce(&mut self) -> std::result::Result<(), VmError>;
     /// The device state, one payload per [`StateKind`].

@@ -77,8 +77,10 @@ pub struct VmDevice<F: VmFactory> {
     settings: SaveSettings,
     hasher: Arc<Hasher>,
     dma: DmaLogSlot,
-    /// Hashes of the guest frames DMA logging covers, as of the last report.
+    /// Hashes of the guest frames DMA logging tracks, as of the last report.
     dma_hashes: Option<HashSnapshot>,
+    /// The guest frames the logged ranges cover.
+    dma_covered: Option<DirtyBitmap>,
 }
 
 impl<F: VmFactory> std::fmt::Debug for VmDevice<F> {
@@ -110,6 +112,7 @@ impl<F: VmFactory> VmDevice<F> {
             hasher,
             dma: DmaLogSlot::default(),
             dma_hashes: None,
+            dma_covered: None,
         };
         dev.source = vm.map(|vm| dev.source_for(vm));
         Ok(dev)
@@ -228,10 +231,14 @@ impl<F: VmFactory> StateLoader for VmDevice<F> {
         })?;
         // Only now, with the new VM restored, is the old one (if any) let go.
         self.source = Some(self.source_for(vm).stopped());
-        // Guest memory was replaced wholesale: if DMA logging runs, every logged page is new.
-        if let Some(snap) = self.dma_hashes.as_mut() {
-            if let Ok(fresh) = HashSnapshot::new(snap.tracked().clone()) {
-                *snap = fresh;
+        // Guest memory was replaced wholesale: if DMA logging runs, every logged page is new,
+        // and what the new vGPU can reach is hashed afresh.
+        if let (Some(_), Some(covered)) = (self.dma_hashes.as_ref(), self.dma_covered.clone()) {
+            if let Some(log) = self.dma.logger() {
+                let _ = log.merge_guest_dirty(&covered, 0);
+            }
+            if let Ok(snap) = self.dma_reach(&covered).and_then(|r| self.dma_snapshot(r)) {
+                self.dma_hashes = Some(snap);
             }
         }
         Ok(())
@@ -243,8 +250,8 @@ fn dma_failed(what: &str, e: impl std::fmt::Display) -> DeviceError {
 }
 
 impl<F: VmFactory> VmDevice<F> {
-    /// Hashes of the guest frames that `ranges` cover, as they are now.
-    fn dma_snapshot(&self, ranges: &[IovaRange]) -> Result<HashSnapshot, DeviceError> {
+    /// The guest frames that `ranges` cover.
+    fn dma_covered(&self, ranges: &[IovaRange]) -> Result<DirtyBitmap, DeviceError> {
         let vm = self.vm().ok_or_else(no_vm)?;
         let pages = GuestPages::new(vm.memory()).map_err(|e| dma_failed("guest memory", e))?;
         let mut frames = pages.frames().map_err(|e| dma_failed("guest memory", e))?;
@@ -263,6 +270,30 @@ impl<F: VmFactory> VmDevice<F> {
             }
         }
         frames.intersect(&covered);
+        Ok(frames)
+    }
+
+    /// The covered frames the device could write now (all of them when it cannot say).
+    fn dma_reach(&self, covered: &DirtyBitmap) -> Result<DirtyBitmap, DeviceError> {
+        let vm = self.vm().ok_or_else(no_vm)?;
+        let Some(reach) = vm.device_writable_pages() else {
+            return Ok(covered.clone());
+        };
+        let mut b = DirtyBitmap::new(covered.base(), covered.span_pages())
+            .map_err(|e| dma_failed("bitmap", e))?;
+        for g in reach {
+            if covered.is_set(gmig_dirty::Gfn(g.0)) {
+                b.set(gmig_dirty::Gfn(g.0))
+                    .map_err(|e| dma_failed("bitmap", e))?;
+            }
+        }
+        Ok(b)
+    }
+
+    /// Hashes of `frames` as they are now.
+    fn dma_snapshot(&self, frames: DirtyBitmap) -> Result<HashSnapshot, DeviceError> {
+        let vm = self.vm().ok_or_else(no_vm)?;
+        let pages = GuestPages::new(vm.memory()).map_err(|e| dma_failed("guest memory", e))?;
         let mut snap = HashSnapshot::new(frames).map_err(|e| dma_failed("snapshot", e))?;
         self.hasher
             .record_in_place(&pages, &mut snap)
@@ -270,16 +301,36 @@ impl<F: VmFactory> VmDevice<F> {
         Ok(snap)
     }
 
-    /// Re-hash the logged frames and put what changed into the log.
+    /// Re-hash the tracked frames and put what changed into the log. Frames the device can reach
+    /// now but did not when they were last hashed (a GTT entry written since) are logged as
+    /// dirty and tracked from now on: the device may have written them in between.
     fn dma_refresh(&mut self) -> Result<(), DeviceError> {
-        let (Some(snap), Some(vm)) = (self.dma_hashes.as_mut(), self.source.as_ref()) else {
+        let (Some(snap), Some(vm), Some(covered)) = (
+            self.dma_hashes.as_mut(),
+            self.source.as_ref(),
+            self.dma_covered.as_ref(),
+        ) else {
             return Err(DeviceError::DmaLog(DmaLogError::NotStarted));
         };
         let pages = GuestPages::new(vm.vm().memory()).map_err(|e| dma_failed("memory", e))?;
-        let dirty = self
+        let mut dirty = self
             .hasher
             .diff_update(&pages, snap)
             .map_err(|e| dma_failed("re-hash", e))?;
+        let covered = covered.clone();
+        let mut reach = self.dma_reach(&covered)?;
+        let tracked = self
+            .dma_hashes
+            .as_ref()
+            .map(|s| s.tracked().clone())
+            .ok_or(DeviceError::DmaLog(DmaLogError::NotStarted))?;
+        let mut new = reach.clone();
+        new.subtract(&tracked);
+        if new.count() > 0 {
+            reach.merge(&tracked).map_err(|e| dma_failed("bitmap", e))?;
+            self.dma_hashes = Some(self.dma_snapshot(reach)?);
+            dirty.merge(&new).map_err(|e| dma_failed("bitmap", e))?;
+        }
         if let Some(log) = self.dma.logger() {
             log.merge_guest_dirty(&dirty, 0)?;
         }
@@ -294,7 +345,12 @@ impl<F: VmFactory> DirtyLogging for VmDevice<F> {
             return Err(no_vm());
         }
         let ps = self.dma.start(page_size, ranges)?;
-        match self.dma_snapshot(ranges) {
+        let snap = self.dma_covered(ranges).and_then(|covered| {
+            let reach = self.dma_reach(&covered)?;
+            self.dma_covered = Some(covered);
+            self.dma_snapshot(reach)
+        });
+        match snap {
             Ok(snap) => {
                 self.dma_hashes = Some(snap);
                 Ok(ps)
@@ -309,6 +365,7 @@ impl<F: VmFactory> DirtyLogging for VmDevice<F> {
     fn dma_logging_stop(&mut self) -> device::Result<()> {
         self.dma.stop()?;
         self.dma_hashes = None;
+        self.dma_covered = None;
         Ok(())
     }
 
