@@ -277,6 +277,14 @@ pub struct ServeArgs {
     /// Serve this many clients, one after another, then exit (default: serve for ever).
     #[arg(long)]
     pub clients: Option<u64>,
+    /// The VMM migrates guest RAM itself (QEMU, `gmig vm`): the migration stream carries the
+    /// vGPU's state only, and the pages the vGPU writes reach the VMM through DMA logging.
+    #[arg(long)]
+    pub ram_by_vmm: bool,
+    /// Place the vGPU in this host slot (0: first fit; n: after n other vGPUs), so that a
+    /// destination can sit elsewhere in graphics memory than its source.
+    #[arg(long, default_value_t = 0)]
+    pub slot: u32,
 }
 
 #[derive(Debug, Args)]

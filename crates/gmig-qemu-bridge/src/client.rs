@@ -13,8 +13,9 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::proto::{
     Command, DmaMap, DmaUnmap, Feature, Header, MigData, ProtoError, Put, Reader, RegionAccess,
-    FEATURE_GET, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_SET,
-    FLAG_COMMAND, FLAG_ERROR, HEADER_LEN,
+    DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT, FEATURE_DMA_LOGGING_START,
+    FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE,
+    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_COMMAND, FLAG_ERROR, HEADER_LEN,
 };
 
 /// Errors of the client.
@@ -286,6 +287,63 @@ impl Client {
             Err(ClientError::Refused { errno, .. }) if errno == libc::ENOMSG => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// `DMA_LOGGING_START` over `ranges` (none: every mapped region) at `page_size`; returns the
+    /// page size the device chose.
+    pub fn dma_logging_start(&mut self, page_size: u64, ranges: &[(u64, u64)]) -> Result<u64> {
+        let mut d = Vec::new();
+        d.put64(page_size);
+        d.put32(ranges.len() as u32);
+        d.put32(0);
+        for &(iova, length) in ranges {
+            d.put64(iova);
+            d.put64(length);
+        }
+        let r = self.feature(FEATURE_SET | FEATURE_DMA_LOGGING_START, &d)?;
+        Ok(Reader::new(&r).u64()?)
+    }
+
+    /// `DMA_LOGGING_STOP`.
+    pub fn dma_logging_stop(&mut self) -> Result<()> {
+        let mut d = Vec::new();
+        d.put64(0);
+        d.put32(0);
+        d.put32(0);
+        self.feature(FEATURE_SET | FEATURE_DMA_LOGGING_STOP, &d)?;
+        Ok(())
+    }
+
+    /// `DMA_LOGGING_REPORT` of `length` bytes from `iova`: one bit per `page_size` unit written
+    /// since the last report (read and clear), as little-endian `u64` words.
+    pub fn dma_logging_report(
+        &mut self,
+        iova: u64,
+        length: u64,
+        page_size: u64,
+    ) -> Result<Vec<u64>> {
+        let words = length.div_ceil(page_size.max(1)).div_ceil(64) as usize;
+        let mut d = Vec::new();
+        d.put64(iova);
+        d.put64(length);
+        d.put64(page_size);
+        let flags = FEATURE_GET | FEATURE_DMA_LOGGING_REPORT;
+        let argsz = Feature::LEN + DMA_LOGGING_REPORT_LEN + 8 * words;
+        let r = self.request(
+            Command::DeviceFeature,
+            &Feature::to_bytes_with_argsz(argsz as u32, flags, &d),
+            &[],
+        )?;
+        let (f, data) = Feature::parse(&r)?;
+        let bad = |what| ClientError::Mismatch {
+            command: Command::DeviceFeature,
+            what,
+        };
+        if f.flags != flags || data.len() != DMA_LOGGING_REPORT_LEN + 8 * words {
+            return Err(bad("DMA log report"));
+        }
+        let mut r = Reader::new(&data[DMA_LOGGING_REPORT_LEN..]);
+        (0..words).map(|_| Ok(r.u64()?)).collect()
     }
 
     /// MIG_DATA_WRITE of `data`.

@@ -35,6 +35,11 @@ pub const FEATURE_DMA_LOGGING_START: u32 = 6;
 pub const FEATURE_DMA_LOGGING_STOP: u32 = 7;
 /// `VFIO_DEVICE_FEATURE_DMA_LOGGING_REPORT`.
 pub const FEATURE_DMA_LOGGING_REPORT: u32 = 8;
+/// Bytes before the ranges of a DMA_LOGGING_START/STOP request (`page_size`, `num_ranges`,
+/// reserved) and before the bitmap of a DMA_LOGGING_REPORT (`iova`, `length`, `page_size`).
+pub const DMA_LOGGING_CONTROL_LEN: usize = 16;
+/// See [`DMA_LOGGING_CONTROL_LEN`].
+pub const DMA_LOGGING_REPORT_LEN: usize = 24;
 /// `VFIO_DEVICE_FEATURE_MIG_DATA_SIZE`: `u64 stop_copy_length`.
 pub const FEATURE_MIG_DATA_SIZE: u32 = 9;
 
@@ -466,6 +471,13 @@ impl Feature {
             argsz: (Self::LEN + data.len()) as u32,
             flags,
         };
+        then_data(Self::LEN, |v| f.put_fields(v), data)
+    }
+
+    /// Encodes the fixed part followed by `data`, with `argsz` (the room for the reply) given:
+    /// a GET whose reply is longer than its request (DMA_LOGGING_REPORT) says so here.
+    pub fn to_bytes_with_argsz(argsz: u32, flags: u32, data: &[u8]) -> Vec<u8> {
+        let f = Feature { argsz, flags };
         then_data(Self::LEN, |v| f.put_fields(v), data)
     }
 

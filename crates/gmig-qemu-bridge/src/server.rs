@@ -20,14 +20,17 @@ use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use gmig_vfio_migration::{DeviceState, MigrationDevice, MigrationHandle, ReadOutcome};
+use gmig_vfio_migration::dma_log::MAX_RANGES;
+use gmig_vfio_migration::{DeviceState, IovaRange, MigrationDevice, MigrationHandle, ReadOutcome};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::proto::{
     Command, DmaMap, DmaUnmap, Feature, Header, MigData, ProtoError, Put, Reader, RegionAccess,
-    FEATURE_GET, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE,
-    FEATURE_SET, FLAG_ERROR, FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN,
+    DMA_LOGGING_CONTROL_LEN, DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT,
+    FEATURE_DMA_LOGGING_START, FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION,
+    FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_ERROR,
+    FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN,
 };
 
 /// Largest message the server accepts (header included).
@@ -442,14 +445,28 @@ impl<D: UserDevice> Server<D> {
 
     fn feature(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let (f, data) = Feature::parse(p).map_err(|_| libc::EINVAL)?;
-        if f.argsz as usize != Feature::LEN + data.len() {
+        let ops = f.flags & (FEATURE_GET | FEATURE_SET | FEATURE_PROBE);
+        // A GET's argsz is the room for its reply: only a DMA log report needs more than its
+        // request; every other request's argsz covers exactly what was sent.
+        let report = f.index() == FEATURE_DMA_LOGGING_REPORT && ops == FEATURE_GET;
+        if (!report && f.argsz as usize != Feature::LEN + data.len())
+            || (f.argsz as usize) < Feature::LEN + data.len()
+        {
             return Err(libc::EINVAL);
         }
-        let ops = f.flags & (FEATURE_GET | FEATURE_SET | FEATURE_PROBE);
+        let mapped: Vec<IovaRange> = self
+            .dma
+            .iter()
+            .map(|r| IovaRange {
+                iova: r.address,
+                length: r.size,
+            })
+            .collect();
         let h = self.device.migration().ok_or(libc::ENOTSUP)?;
         let (get, set) = match f.index() {
-            FEATURE_MIGRATION | FEATURE_MIG_DATA_SIZE => (true, false),
+            FEATURE_MIGRATION | FEATURE_MIG_DATA_SIZE | FEATURE_DMA_LOGGING_REPORT => (true, false),
             FEATURE_MIG_DEVICE_STATE => (true, true),
+            FEATURE_DMA_LOGGING_START | FEATURE_DMA_LOGGING_STOP => (false, true),
             _ => return Err(libc::ENOTSUP),
         };
         if ops & FEATURE_PROBE != 0 {
@@ -475,6 +492,58 @@ impl<D: UserDevice> Server<D> {
                 h.set_state(state).map_err(|_| libc::EINVAL)?;
                 out.put32(h.state() as u32);
                 out.put32(u32::MAX);
+            }
+            (FEATURE_DMA_LOGGING_START, FEATURE_SET) => {
+                let mut r = Reader::new(data);
+                let page_size = r.u64().map_err(|_| libc::EINVAL)?;
+                let num = r.u32().map_err(|_| libc::EINVAL)? as usize;
+                let _reserved = r.u32().map_err(|_| libc::EINVAL)?;
+                if data.len() != DMA_LOGGING_CONTROL_LEN + 16 * num || num > MAX_RANGES {
+                    return Err(libc::EINVAL);
+                }
+                let mut ranges = Vec::with_capacity(num);
+                for _ in 0..num {
+                    let iova = r.u64().map_err(|_| libc::EINVAL)?;
+                    let length = r.u64().map_err(|_| libc::EINVAL)?;
+                    ranges.push(IovaRange { iova, length });
+                }
+                // No ranges: log every write, that is every mapped DMA region.
+                if ranges.is_empty() {
+                    ranges = mapped;
+                }
+                let chosen = h
+                    .dma_logging_start(page_size, &ranges)
+                    .map_err(|e| dma_errno(&e))?;
+                out.put64(chosen);
+                out.extend_from_slice(&data[8..]);
+            }
+            (FEATURE_DMA_LOGGING_STOP, FEATURE_SET) => {
+                h.dma_logging_stop().map_err(|e| dma_errno(&e))?;
+                out.extend_from_slice(data);
+            }
+            (FEATURE_DMA_LOGGING_REPORT, FEATURE_GET) => {
+                let mut r = Reader::new(data);
+                let iova = r.u64().map_err(|_| libc::EINVAL)?;
+                let length = r.u64().map_err(|_| libc::EINVAL)?;
+                let page_size = r.u64().map_err(|_| libc::EINVAL)?;
+                if data.len() != DMA_LOGGING_REPORT_LEN || page_size == 0 {
+                    return Err(libc::EINVAL);
+                }
+                let words = length.div_ceil(page_size).div_ceil(64);
+                let need = (Feature::LEN + DMA_LOGGING_REPORT_LEN) as u64 + 8 * words;
+                if need > u64::from(MAX_DATA_XFER) {
+                    return Err(libc::E2BIG);
+                }
+                if u64::from(f.argsz) < need {
+                    return Err(libc::ENOSPC);
+                }
+                let bitmap = h
+                    .dma_logging_report(iova, length, page_size)
+                    .map_err(|e| dma_errno(&e))?;
+                out.extend_from_slice(data);
+                for w in bitmap {
+                    out.put64(w);
+                }
             }
             _ => return Err(libc::EINVAL),
         }
@@ -570,4 +639,15 @@ fn send(stream: &mut UnixStream, cmd: Header, r: &Reply) -> io::Result<()> {
     let mut msg = h.to_bytes().to_vec();
     msg.extend_from_slice(&r.payload);
     stream.write_all(&msg)
+}
+
+/// The errno a DMA logging failure answers with: EINVAL for what the request got wrong
+/// (ranges, page size, logging not started), EIO when the device failed.
+fn dma_errno(e: &gmig_vfio_migration::handle::HandleError) -> Errno {
+    match e {
+        gmig_vfio_migration::handle::HandleError::Device(
+            gmig_vfio_migration::DeviceError::Failed(_),
+        ) => libc::EIO,
+        _ => libc::EINVAL,
+    }
 }

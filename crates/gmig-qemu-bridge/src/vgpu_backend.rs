@@ -44,6 +44,42 @@ pub struct VgpuSpec {
     /// Optionally, the guest-driver model to boot on the client's RAM (for demonstrations
     /// without a real guest driver).
     pub profile: Option<(Profile, u64)>,
+    /// How the GPU keeps pace with the guest. `None`: everything queued runs at each BAR0 write
+    /// (the guest-driver model waits by itself). `Some(n)`: one queued workload runs every `n`
+    /// region accesses, so a real guest that polls a register sees its work complete a little
+    /// later, as on hardware, and the same accesses give the same progress in and out of process.
+    pub gpu_pace: Option<u32>,
+    /// The VMM moves guest RAM itself (KVM VMM, QEMU): the migration stream carries the vGPU's
+    /// state only, and the pages it writes are reported through DMA logging.
+    pub ram_by_vmm: bool,
+    /// Whether a restored vGPU remaps graphics addresses onto this host's slices (`false` only
+    /// for negative controls, which show that without it the guest faults or differs).
+    pub remap: bool,
+}
+
+impl VgpuSpec {
+    /// A GEN9 vGPU of type `ty` placed in host slot `slot` (0: first fit; `n`: after `n` other
+    /// vGPUs of the same type) on the default host, for a real guest: the GPU keeps pace with the
+    /// guest's accesses, the VMM moves guest RAM (`ram_by_vmm`), remapping on.
+    pub fn for_guest(ty: VgpuType, slot: u32, ram_by_vmm: bool) -> Result<VgpuSpec, String> {
+        let host = gmig_vgpu::gm::HostConfig::default();
+        let mut pm = gmig_vgpu::gm::PartitionManager::new(host).map_err(|e| e.to_string())?;
+        for _ in 0..slot {
+            pm.place(ty)
+                .map_err(|e| format!("placing the vGPUs before this one: {e}"))?;
+        }
+        let (_, slices) = pm.place(ty).map_err(|e| format!("placing the vGPU: {e}"))?;
+        Ok(VgpuSpec {
+            gen: Gen::Gen9,
+            ty,
+            slices,
+            aperture: host.aperture_size,
+            profile: None,
+            gpu_pace: Some(GUEST_GPU_PACE),
+            ram_by_vmm,
+            remap: true,
+        })
+    }
 }
 
 /// The reference vGPU behind a vfio-user server.
@@ -55,7 +91,11 @@ pub struct VgpuBackend {
     irqs_seen: u64,
     ticks: u64,
     steps: u64,
+    accesses: u64,
 }
+
+/// The [`VgpuSpec::gpu_pace`] for a real guest: one workload every this many region accesses.
+pub const GUEST_GPU_PACE: u32 = 4;
 
 /// With a guest-driver model, one workload step (a frame) every this many messages.
 pub const MESSAGES_PER_STEP: u64 = 4;
@@ -84,6 +124,7 @@ impl VgpuBackend {
             irqs_seen: 0,
             ticks: 0,
             steps: 0,
+            accesses: 0,
         }
     }
 
@@ -102,13 +143,32 @@ impl VgpuBackend {
         self.steps
     }
 
-    /// Runs the work the guest queued and signals MSI when it raised an interrupt.
-    fn run_gpu(&mut self) {
+    /// One region access by the guest: with a pace, every `n`th runs one queued workload.
+    fn access(&mut self) {
+        let Some(n) = self.spec.gpu_pace else {
+            return;
+        };
+        self.accesses += 1;
+        if self.accesses.is_multiple_of(u64::from(n.max(1))) {
+            self.run_gpu(Some(1));
+        }
+    }
+
+    /// Runs the work the guest queued (at most `max` workloads) and signals MSI when it raised an
+    /// interrupt.
+    fn run_gpu(&mut self, max: Option<usize>) {
         let Some(vm) = self.vm_mut() else {
             return;
         };
         if vm.vgpu().is_accepting() {
-            vm.run_queued();
+            match max {
+                Some(m) => {
+                    vm.vgpu_mut().run(m);
+                }
+                None => {
+                    vm.run_queued();
+                }
+            }
         }
         let raised = vm.vgpu().interrupts_raised();
         if raised != self.irqs_seen {
@@ -139,6 +199,7 @@ impl UserDevice for VgpuBackend {
     }
 
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
+        self.access();
         match index {
             CONFIG => self.config.read(offset, data),
             BAR0 | BAR2 => {
@@ -155,12 +216,15 @@ impl UserDevice for VgpuBackend {
     }
 
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
+        self.access();
         match index {
             CONFIG => self.config.write(offset, data),
             BAR0 => {
                 let vm = self.vm_mut().ok_or(libc::EIO)?;
                 pci::bar0_write(vm.vgpu_mut(), offset, data);
-                self.run_gpu();
+                if self.spec.gpu_pace.is_none() {
+                    self.run_gpu(None);
+                }
             }
             BAR2 => {
                 let vm = self.vm().ok_or(libc::EIO)?;
@@ -203,7 +267,9 @@ impl UserDevice for VgpuBackend {
             return;
         };
         let s = &self.spec;
-        let vm = match VgpuVm::on_memory(s.ty, s.slices, mem.clone()) {
+        let vm = match VgpuVm::on_memory(s.ty, s.slices, mem.clone())
+            .map(|vm| vm.with_ram_by_vmm(s.ram_by_vmm))
+        {
             Ok(mut vm) => {
                 if let Some((profile, seed)) = s.profile {
                     if let Err(e) = vm.boot_driver(profile, WorkloadConfig::small(), seed) {
@@ -217,7 +283,9 @@ impl UserDevice for VgpuBackend {
                 return;
             }
         };
-        let factory = VgpuFactory::new(s.gen, s.ty, s.slices, 0).on_memory(mem.clone());
+        let mut factory = VgpuFactory::new(s.gen, s.ty, s.slices, 0).on_memory(mem.clone());
+        factory.ram_by_vmm = s.ram_by_vmm;
+        factory.opts.remap = s.remap;
         match VmDevice::new(Some(vm), factory, StreamLimits::default(), settings()).and_then(|d| {
             MigrationHandle::new(d)
                 .map_err(|e| gmig_vfio_migration::DeviceError::Failed(e.to_string()))

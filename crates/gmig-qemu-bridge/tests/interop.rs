@@ -30,6 +30,9 @@ fn the_rust_vmm_vfio_user_client_attaches_to_the_served_vgpu() {
         slices: s,
         aperture: HostConfig::default().aperture_size,
         profile: None,
+        gpu_pace: None,
+        ram_by_vmm: false,
+        remap: true,
     };
     let server = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

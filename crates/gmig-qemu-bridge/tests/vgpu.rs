@@ -36,6 +36,9 @@ fn spawn(
         slices,
         aperture: HostConfig::default().aperture_size,
         profile: profile.map(|p| (p, SEED)),
+        gpu_pace: None,
+        ram_by_vmm: false,
+        remap: true,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixListener;
 use anyhow::{anyhow, Context};
 use gmig_cmdparser::Gen;
 use gmig_qemu_bridge::server::Server;
-use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
+use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec, GUEST_GPU_PACE};
 use gmig_vgpu::gm::{HostConfig, PartitionManager};
 use gmig_vgpu::migratable::parse_vgpu_type;
 
@@ -28,6 +28,9 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         .ok_or_else(|| anyhow!("unknown vGPU type `{}`", args.vgpu_type))?;
     let host = HostConfig::default();
     let mut pm = PartitionManager::new(host).context("host graphics memory")?;
+    for _ in 0..args.slot {
+        pm.place(ty).context("placing the vGPUs before this one")?;
+    }
     let (_, slices) = pm.place(ty).context("placing the vGPU")?;
     // A socket file left by an earlier run is replaced; any other file is not touched.
     if let Ok(meta) = std::fs::symlink_metadata(&args.socket) {
@@ -45,6 +48,10 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         slices,
         aperture: host.aperture_size,
         profile: args.profile.map(|p| (profile_of(p), 1)),
+        // A real guest polls: its GPU keeps pace with its register accesses.
+        gpu_pace: args.profile.is_none().then_some(GUEST_GPU_PACE),
+        ram_by_vmm: args.ram_by_vmm,
+        remap: true,
     };
     event(
         json,
