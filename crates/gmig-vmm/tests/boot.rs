@@ -1,6 +1,6 @@
 //! The VMM boots a 64-bit guest that scans PCI config space, touches a BAR and prints on COM1.
 
-use gmig_vmm::{BarWindow, PciDevice, Stop, Vm};
+use gmig_vmm::{Bus, PciDevice, PciHost, Stop, Vm};
 use std::sync::{Arc, Mutex};
 
 fn kvm_present() -> bool {
@@ -38,6 +38,42 @@ impl PciDevice for Fake {
     }
 }
 
+/// A bus with the PCI host, COM1 output and one BAR window at 3 GiB for slot 0's BAR0.
+struct TestBus {
+    pci: PciHost,
+    serial: Vec<u8>,
+}
+
+const BAR: u64 = 0xc000_0000;
+
+impl Bus for TestBus {
+    fn pio_read(&mut self, port: u16, data: &mut [u8]) {
+        if !self.pci.pio_read(port, data) {
+            data.fill(0xff);
+        }
+    }
+    fn pio_write(&mut self, port: u16, data: &[u8]) {
+        if port == 0x3f8 {
+            self.serial.extend_from_slice(data);
+        } else {
+            self.pci.pio_write(port, data);
+        }
+    }
+    fn mmio_read(&mut self, addr: u64, data: &mut [u8]) {
+        match (addr.checked_sub(BAR), self.pci.device(0)) {
+            (Some(off), Some(d)) if off < 16 << 20 => d.bar_read(0, off, data),
+            _ => data.fill(0xff),
+        }
+    }
+    fn mmio_write(&mut self, addr: u64, data: &[u8]) {
+        if let (Some(off), Some(d)) = (addr.checked_sub(BAR), self.pci.device(0)) {
+            if off < 16 << 20 {
+                d.bar_write(0, off, data);
+            }
+        }
+    }
+}
+
 #[test]
 fn guest_reads_pci_config_writes_bar_and_prints() {
     if !kvm_present() {
@@ -63,17 +99,15 @@ fn guest_reads_pci_config_writes_bar_and_prints() {
     ];
     let mut vm = Vm::new(64 << 20, &prog).expect("VM");
     let writes = Arc::new(Mutex::new(Vec::new()));
-    let slot = vm.pci.add(Box::new(Fake {
+    let mut bus = TestBus {
+        pci: PciHost::default(),
+        serial: Vec::new(),
+    };
+    bus.pci.add(Box::new(Fake {
         writes: writes.clone(),
     }));
-    vm.bars.push(BarWindow {
-        base: 0xc000_0000,
-        len: 16 << 20,
-        slot,
-        bar: 0,
-    });
-    assert_eq!(vm.run(1000).expect("run"), Stop::Halted);
-    assert_eq!(vm.serial, b"OK\n");
+    assert_eq!(vm.run(&mut bus, 1000).expect("run").0, Stop::Halted);
+    assert_eq!(bus.serial, b"OK\n");
     let w = writes.lock().unwrap();
     assert_eq!(*w, vec![(0, 0x10, 0x1912_8086), (0, 0x24, 0x5a5a_0020)]);
 }

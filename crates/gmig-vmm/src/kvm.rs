@@ -1,0 +1,379 @@
+//! The KVM side: memfd-backed guest RAM registered with dirty logging, one vCPU set up for 64-bit
+//! long mode, the exit loop (port and MMIO exits handed to a [`Bus`]), the dirty log, and the
+//! vCPU's state for migration.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+
+use kvm_bindings::{
+    kvm_clock_data, kvm_debugregs, kvm_msr_entry, kvm_regs, kvm_segment, kvm_sregs,
+    kvm_userspace_memory_region, kvm_vcpu_events, kvm_xcrs, kvm_xsave, Msrs,
+    KVM_MEM_LOG_DIRTY_PAGES,
+};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+    GuestRegionMmap, MmapRegion,
+};
+
+use crate::{kvm, Error, Result};
+
+/// Where the guest program is loaded and starts.
+pub const LOAD_ADDR: u64 = 0x10_0000;
+const GDT_ADDR: u64 = 0x500;
+const PML4_ADDR: u64 = 0x9000;
+/// Guest-physical space identity-mapped with 2 MiB pages: RAM below, device BARs above 4 GiB.
+pub const IDENTITY_MAP_GIB: u64 = 8;
+
+/// The MSRs a migration carries (besides EFER, which travels in the special registers).
+pub const MIGRATED_MSRS: [u32; 11] = [
+    0x10,        // IA32_TSC
+    0x174,       // SYSENTER_CS
+    0x175,       // SYSENTER_ESP
+    0x176,       // SYSENTER_EIP
+    0x277,       // PAT
+    0xc000_0081, // STAR
+    0xc000_0082, // LSTAR
+    0xc000_0083, // CSTAR
+    0xc000_0084, // SYSCALL_MASK
+    0xc000_0102, // KERNEL_GS_BASE
+    0xc000_0103, // TSC_AUX
+];
+const MSR_IA32_TSC: u32 = 0x10;
+
+/// Makes `size` bytes of memfd-backed guest RAM at guest address 0, shareable with the vGPU and a
+/// vfio-user server (the same file can be mapped elsewhere).
+pub fn memfd_guest_ram(size: usize) -> Result<(GuestMemoryMmap<()>, File)> {
+    // SAFETY: memfd_create with a valid NUL-terminated name; the fd is checked before use.
+    let fd = unsafe { libc::memfd_create(c"gmig-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Ram(format!(
+            "memfd_create: {}",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(size as u64)
+        .map_err(|e| Error::Ram(e.to_string()))?;
+    let dup = file.try_clone().map_err(|e| Error::Ram(e.to_string()))?;
+    let region = MmapRegion::from_file(FileOffset::new(dup, 0), size)
+        .map_err(|e| Error::Ram(e.to_string()))?;
+    let region = GuestRegionMmap::new(region, GuestAddress(0))
+        .ok_or_else(|| Error::Ram("region overflows".into()))?;
+    let mem = GuestMemoryMmap::from_regions(vec![region]).map_err(|e| Error::Ram(e.to_string()))?;
+    Ok((mem, file))
+}
+
+/// What the VMM does with the guest's port and MMIO accesses.
+pub trait Bus {
+    /// A port read of `data.len()` bytes.
+    fn pio_read(&mut self, port: u16, data: &mut [u8]);
+    /// A port write.
+    fn pio_write(&mut self, port: u16, data: &[u8]);
+    /// An MMIO read at guest-physical `addr`.
+    fn mmio_read(&mut self, addr: u64, data: &mut [u8]);
+    /// An MMIO write.
+    fn mmio_write(&mut self, addr: u64, data: &[u8]);
+}
+
+/// Why a run returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The guest executed HLT (the guest program halts when it is done).
+    Halted,
+    /// The exit budget ran out (the VM can be run again).
+    Budget,
+}
+
+/// The vCPU's architectural state, as a migration carries it. There is no in-kernel irqchip
+/// (the guest polls; see the crate docs), so there is no LAPIC state to carry.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VcpuState {
+    /// General-purpose registers, RIP, RFLAGS.
+    pub regs: kvm_regs,
+    /// Segments, control registers, EFER, descriptor tables.
+    pub sregs: kvm_sregs,
+    /// FPU/SSE/AVX state.
+    pub xsave: kvm_xsave,
+    /// Extended control registers (XCR0).
+    pub xcrs: kvm_xcrs,
+    /// Debug registers.
+    pub debugregs: kvm_debugregs,
+    /// Pending exceptions, interrupts, NMIs.
+    pub events: kvm_vcpu_events,
+    /// [`MIGRATED_MSRS`], as read.
+    pub msrs: Vec<kvm_msr_entry>,
+    /// The VM's kvmclock.
+    pub clock: kvm_clock_data,
+    /// The guest's TSC frequency, kHz.
+    pub tsc_khz: u32,
+    /// When the vCPU was paused (CLOCK_REALTIME, ns): the destination advances the TSC by the
+    /// time the VM spent paused, so the guest sees its downtime as a TSC gap.
+    pub paused_at_ns: u64,
+}
+
+/// One VM with one vCPU.
+pub struct Vm {
+    _kvm: Kvm,
+    vm: VmFd,
+    vcpu: VcpuFd,
+    mem: GuestMemoryMmap<()>,
+    ram_file: File,
+    ram_bytes: u64,
+}
+
+impl std::fmt::Debug for Vm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vm")
+            .field("ram_bytes", &self.ram_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Nanoseconds of CLOCK_REALTIME.
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Vm {
+    /// Creates a VM with `ram_size` bytes of memfd RAM (dirty logging on) and one vCPU set up for
+    /// 64-bit long mode, entering at [`LOAD_ADDR`] where `program` is copied.
+    pub fn new(ram_size: usize, program: &[u8]) -> Result<Self> {
+        if (ram_size as u64) > (3 << 30) {
+            return Err(Error::Ram(
+                "guest RAM above 3 GiB would overlap the device window".into(),
+            ));
+        }
+        let kvm_h = Kvm::new().map_err(kvm("open /dev/kvm"))?;
+        let vm = kvm_h.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
+        let (mem, ram_file) = memfd_guest_ram(ram_size)?;
+        for (slot, r) in mem.iter().enumerate() {
+            let region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: KVM_MEM_LOG_DIRTY_PAGES,
+                guest_phys_addr: r.start_addr().0,
+                memory_size: r.len(),
+                userspace_addr: r.as_ptr() as u64,
+            };
+            // SAFETY: the mapping belongs to `mem`, which the Vm owns and keeps alive as long as
+            // the VM fd that uses it; the slot does not overlap another.
+            unsafe { vm.set_user_memory_region(region) }
+                .map_err(kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+        let vcpu = vm.create_vcpu(0).map_err(kvm("KVM_CREATE_VCPU"))?;
+        let cpuid = kvm_h
+            .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm("KVM_GET_SUPPORTED_CPUID"))?;
+        vcpu.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+        mem.write_slice(program, GuestAddress(LOAD_ADDR))
+            .map_err(|e| Error::Ram(e.to_string()))?;
+        let v = Vm {
+            _kvm: kvm_h,
+            vm,
+            vcpu,
+            mem,
+            ram_file,
+            ram_bytes: ram_size as u64,
+        };
+        v.setup_long_mode()?;
+        Ok(v)
+    }
+
+    /// Guest RAM (shared with devices).
+    pub fn memory(&self) -> &GuestMemoryMmap<()> {
+        &self.mem
+    }
+
+    /// The memfd behind guest RAM (to share it with a vfio-user server).
+    pub fn ram_file(&self) -> &File {
+        &self.ram_file
+    }
+
+    /// Guest RAM size in bytes.
+    pub fn ram_bytes(&self) -> u64 {
+        self.ram_bytes
+    }
+
+    /// The KVM VM.
+    pub fn vm_fd(&self) -> &VmFd {
+        &self.vm
+    }
+
+    /// The vCPU.
+    pub fn vcpu_fd(&self) -> &VcpuFd {
+        &self.vcpu
+    }
+
+    /// Whether KVM exposes a stable, known TSC frequency to the guest.
+    pub fn tsc_khz(&self) -> u32 {
+        self.vcpu.get_tsc_khz().unwrap_or(0)
+    }
+
+    fn setup_long_mode(&self) -> Result<()> {
+        let w = |addr: u64, v: u64| {
+            self.mem
+                .write_obj(v, GuestAddress(addr))
+                .map_err(|e| Error::Ram(e.to_string()))
+        };
+        // GDT: null, 64-bit code (0x08), data (0x10).
+        w(GDT_ADDR, 0)?;
+        w(GDT_ADDR + 8, 0x00af_9b00_0000_ffff)?;
+        w(GDT_ADDR + 16, 0x00cf_9300_0000_ffff)?;
+        // Identity map of IDENTITY_MAP_GIB GiB in 2 MiB pages: RAM, then BARs above 4 GiB.
+        let pdpt = PML4_ADDR + 0x1000;
+        w(PML4_ADDR, pdpt | 3)?;
+        for gib in 0..IDENTITY_MAP_GIB {
+            let pd = pdpt + 0x1000 * (1 + gib);
+            w(pdpt + gib * 8, pd | 3)?;
+            for i in 0..512u64 {
+                w(pd + i * 8, (gib << 30) | (i << 21) | 0x83)?;
+            }
+        }
+        let mut sregs = self.vcpu.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+        let code = kvm_segment {
+            base: 0,
+            limit: 0xffff_ffff,
+            selector: 0x08,
+            type_: 0xb,
+            present: 1,
+            dpl: 0,
+            db: 0,
+            s: 1,
+            l: 1,
+            g: 1,
+            avl: 0,
+            unusable: 0,
+            padding: 0,
+        };
+        let data = kvm_segment {
+            selector: 0x10,
+            type_: 0x3,
+            l: 0,
+            db: 1,
+            ..code
+        };
+        sregs.cs = code;
+        sregs.ds = data;
+        sregs.es = data;
+        sregs.fs = data;
+        sregs.gs = data;
+        sregs.ss = data;
+        sregs.gdt.base = GDT_ADDR;
+        sregs.gdt.limit = 23;
+        sregs.cr3 = PML4_ADDR;
+        sregs.cr4 |= 1 << 5; // PAE
+        sregs.cr0 = 0x8000_0031; // PG | ET | NE | PE
+        sregs.efer |= 0x500; // LME | LMA
+        self.vcpu.set_sregs(&sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        let mut regs = self.vcpu.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+        regs.rip = LOAD_ADDR;
+        regs.rsp = LOAD_ADDR; // the stack grows down below the program
+        regs.rflags = 2;
+        self.vcpu.set_regs(&regs).map_err(kvm("KVM_SET_REGS"))?;
+        Ok(())
+    }
+
+    /// Runs the vCPU for at most `max_exits` exits, handing port and MMIO accesses to `bus`.
+    pub fn run(&mut self, bus: &mut dyn Bus, max_exits: u64) -> Result<(Stop, u64)> {
+        for n in 0..max_exits {
+            match self.vcpu.run().map_err(kvm("KVM_RUN"))? {
+                VcpuExit::Hlt => return Ok((Stop::Halted, n + 1)),
+                VcpuExit::IoOut(port, data) => bus.pio_write(port, data),
+                VcpuExit::IoIn(port, data) => bus.pio_read(port, data),
+                VcpuExit::MmioRead(addr, data) => bus.mmio_read(addr, data),
+                VcpuExit::MmioWrite(addr, data) => bus.mmio_write(addr, data),
+                other => return Err(Error::Guest(format!("unhandled exit {other:?}"))),
+            }
+        }
+        Ok((Stop::Budget, max_exits))
+    }
+
+    /// KVM's dirty log of guest RAM since the last call (read and clear): one bit per 4 KiB page.
+    pub fn dirty_log(&self) -> Result<Vec<u64>> {
+        self.vm
+            .get_dirty_log(0, self.ram_bytes as usize)
+            .map_err(kvm("KVM_GET_DIRTY_LOG"))
+    }
+
+    /// The vCPU's state, for a migration (the vCPU must not be running: the VMM calls this
+    /// between exits).
+    pub fn save_vcpu(&self) -> Result<VcpuState> {
+        let v = &self.vcpu;
+        let mut msrs = Msrs::from_entries(
+            &MIGRATED_MSRS
+                .iter()
+                .map(|&index| kvm_msr_entry {
+                    index,
+                    ..Default::default()
+                })
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| Error::Guest(format!("MSR list: {e:?}")))?;
+        let n = v.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
+        if n != MIGRATED_MSRS.len() {
+            return Err(Error::Guest(format!(
+                "KVM_GET_MSRS read {n} of {} MSRs",
+                MIGRATED_MSRS.len()
+            )));
+        }
+        Ok(VcpuState {
+            regs: v.get_regs().map_err(kvm("KVM_GET_REGS"))?,
+            sregs: v.get_sregs().map_err(kvm("KVM_GET_SREGS"))?,
+            xsave: v.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?,
+            xcrs: v.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?,
+            debugregs: v.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?,
+            events: v.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
+            msrs: msrs.as_slice().to_vec(),
+            clock: self.vm.get_clock().map_err(kvm("KVM_GET_CLOCK"))?,
+            tsc_khz: self.tsc_khz(),
+            paused_at_ns: realtime_ns(),
+        })
+    }
+
+    /// Loads a migrated vCPU state. The TSC moves on by the wall time since the source paused,
+    /// as the guest's clock would on one host.
+    pub fn restore_vcpu(&self, s: &VcpuState) -> Result<()> {
+        let v = &self.vcpu;
+        v.set_sregs(&s.sregs).map_err(kvm("KVM_SET_SREGS"))?;
+        v.set_regs(&s.regs).map_err(kvm("KVM_SET_REGS"))?;
+        v.set_xcrs(&s.xcrs).map_err(kvm("KVM_SET_XCRS"))?;
+        // SAFETY: `s.xsave` is a whole `kvm_xsave` as KVM_GET_XSAVE filled it (it decoded from
+        // the stream into the fixed-size struct), so the kernel reads only within it.
+        unsafe { v.set_xsave(&s.xsave) }.map_err(kvm("KVM_SET_XSAVE"))?;
+        v.set_debug_regs(&s.debugregs)
+            .map_err(kvm("KVM_SET_DEBUGREGS"))?;
+        v.set_vcpu_events(&s.events)
+            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+        let paused_ns = realtime_ns().saturating_sub(s.paused_at_ns);
+        let advance = paused_ns.saturating_mul(u64::from(s.tsc_khz)) / 1_000_000;
+        let entries: Vec<kvm_msr_entry> = s
+            .msrs
+            .iter()
+            .map(|e| {
+                let mut e = *e;
+                if e.index == MSR_IA32_TSC {
+                    e.data = e.data.wrapping_add(advance);
+                }
+                e
+            })
+            .collect();
+        let msrs =
+            Msrs::from_entries(&entries).map_err(|e| Error::Guest(format!("MSR list: {e:?}")))?;
+        let n = v.set_msrs(&msrs).map_err(kvm("KVM_SET_MSRS"))?;
+        if n != entries.len() {
+            return Err(Error::Guest(format!(
+                "KVM_SET_MSRS wrote {n} of {} MSRs",
+                entries.len()
+            )));
+        }
+        let mut clock = s.clock;
+        clock.clock = clock.clock.saturating_add(paused_ns);
+        clock.flags = 0;
+        self.vm.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
+        Ok(())
+    }
+}

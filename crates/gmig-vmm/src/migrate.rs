@@ -1,0 +1,551 @@
+//! Whole-VM live migration between two VMM processes over a byte stream (TCP in practice).
+//!
+//! **Source.** DMA logging starts on the vGPU and KVM's dirty log is cleared; the vGPU enters
+//! PRE_COPY. Round 0 sends every non-zero page of guest RAM (the destination's RAM starts zeroed),
+//! then the guest runs for a while and each later round sends the pages KVM's log *or* the vGPU's
+//! DMA log reports (the vGPU writes guest RAM behind KVM's back: only its log sees those), until
+//! a round is small or the round budget is spent. Then the vCPU stays paused (the single-threaded
+//! VMM simply does not enter it again), the vGPU goes to STOP_COPY (a bounded drain may still
+//! write), both logs are read one last time and those pages go, then the vGPU's stop-copy data,
+//! its PCI configuration space, COM1, the vCPU, and DONE. The source commits only when the
+//! destination acknowledges; a cut connection or a refusal puts the vGPU back to RUNNING and the
+//! source VM carries on with nothing lost.
+//!
+//! **Stream.** After the 8-byte magic `GMIGVM01`, records of `tag u8, length u32 LE, crc32 u32 LE
+//! (of the payload), payload`. The destination answers DONE with `ACK u8 0x06, resumed_at_ns u64`
+//! or `NAK u8 0x15, length u32, message`. `docs/migration-stream.md` has the tables.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use gmig_vfio_migration::{DeviceState, IovaRange};
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::gpu::GpuLink;
+use crate::guest::GuestConfig;
+use crate::kvm::{realtime_ns, Stop, VcpuState};
+use crate::machine::{Machine, SerialSnapshot};
+use crate::{Error, Result};
+
+/// Stream magic.
+pub const MAGIC: &[u8; 8] = b"GMIGVM01";
+const PAGE: usize = 4096;
+/// Pages per PAGES record.
+pub const PAGES_PER_RECORD: usize = 256;
+/// The largest record payload accepted.
+pub const MAX_RECORD: usize = 4 << 20;
+const ACK: u8 = 0x06;
+const NAK: u8 = 0x15;
+
+/// Record tags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Tag {
+    /// [`Hello`], first.
+    Hello = 1,
+    /// Guest pages: `(gfn u64, kind u8 [0 zero, 1 data], 4096 bytes if data)*`.
+    Pages = 2,
+    /// A chunk of the vGPU's VFIO migration data.
+    Device = 3,
+    /// The vGPU's PCI configuration space, 256 bytes.
+    Config = 4,
+    /// [`VcpuState`] (postcard).
+    Vcpu = 5,
+    /// [`SerialSnapshot`] (postcard).
+    Serial = 6,
+    /// End of the stream: the source is paused and has sent everything.
+    Done = 7,
+}
+
+impl Tag {
+    fn from_u8(v: u8) -> Option<Tag> {
+        Some(match v {
+            1 => Tag::Hello,
+            2 => Tag::Pages,
+            3 => Tag::Device,
+            4 => Tag::Config,
+            5 => Tag::Vcpu,
+            6 => Tag::Serial,
+            7 => Tag::Done,
+            _ => return None,
+        })
+    }
+}
+
+/// What the destination must set up before the first page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Guest RAM in bytes.
+    pub ram_bytes: u64,
+    /// The guest program's parameters (for reports; they are in guest RAM anyway).
+    pub guest: GuestConfig,
+}
+
+/// How the source migrates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Options {
+    /// Pre-copy rounds after the first full pass, at most (0: stop right after the first pass,
+    /// with no guest execution in between).
+    pub max_rounds: u32,
+    /// Guest exits between two rounds (the guest runs while pages are in flight).
+    pub round_exits: u64,
+    /// A round at or below this many dirty pages ends pre-copy.
+    pub converge_pages: u64,
+    /// Join the vGPU's DMA-logged pages to KVM's dirty log. `false` only for the negative
+    /// control: the pages the vGPU wrote are then missed.
+    pub gpu_dirty: bool,
+    /// Emulated link speed in Gbit/s (`None`: as fast as the connection goes).
+    pub link_gbps: Option<f64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_rounds: 8,
+            round_exits: 4000,
+            converge_pages: 256,
+            gpu_dirty: true,
+            link_gbps: None,
+        }
+    }
+}
+
+/// What a migration did and how long the VM was paused, by phase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Guest RAM in bytes.
+    pub ram_bytes: u64,
+    /// Pre-copy rounds, the full first pass included.
+    pub rounds: u32,
+    /// Page records sent while the VM ran.
+    pub precopy_pages: u64,
+    /// Page records sent while it was paused.
+    pub final_pages: u64,
+    /// Of those, pages only the vGPU's DMA log reported (KVM's log did not have them).
+    pub final_gpu_only_pages: u64,
+    /// vGPU migration bytes sent in pre-copy and in stop-copy.
+    pub device_precopy_bytes: u64,
+    /// See `device_precopy_bytes`.
+    pub device_stop_bytes: u64,
+    /// Bytes on the wire.
+    pub wire_bytes: u64,
+    /// Downtime phases, ms: the last dirty-log reads and pages,
+    pub ram_ms: f64,
+    /// the vGPU's stop (its bounded drain) and stop-copy data,
+    pub vgpu_ms: f64,
+    /// the vCPU, COM1 and configuration space,
+    pub vcpu_ms: f64,
+    /// the flush and the destination's restore, up to its acknowledgement.
+    pub transfer_ms: f64,
+    /// Source vCPU paused → destination acknowledged (the source's view).
+    pub downtime_ms: f64,
+    /// Source vCPU paused → destination vCPU runnable, on one clock (the destination's view).
+    pub dest_downtime_ms: f64,
+    /// Whole migration, ms.
+    pub total_ms: f64,
+}
+
+struct Wire<'a, S: Write> {
+    s: &'a mut S,
+    bytes: u64,
+    rate: Option<f64>,
+    start: Instant,
+}
+
+impl<S: Write> Wire<'_, S> {
+    fn record(&mut self, tag: Tag, payload: &[u8]) -> Result<()> {
+        let mut head = [0u8; 9];
+        head[0] = tag as u8;
+        head[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        head[5..9].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        self.s.write_all(&head)?;
+        self.s.write_all(payload)?;
+        self.bytes += 9 + payload.len() as u64;
+        if let Some(gbps) = self.rate {
+            // Pace to the emulated link: never ahead of bytes / rate.
+            let due = Duration::from_secs_f64(self.bytes as f64 * 8.0 / (gbps * 1e9));
+            if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_record<S: Read>(s: &mut S) -> Result<(Tag, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head)?;
+    let tag = Tag::from_u8(head[0])
+        .ok_or_else(|| Error::Stream(format!("unknown record tag {}", head[0])))?;
+    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len > MAX_RECORD {
+        return Err(Error::Stream(format!(
+            "{tag:?} record of {len} bytes (limit {MAX_RECORD})"
+        )));
+    }
+    let crc = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload)?;
+    if crc32fast::hash(&payload) != crc {
+        return Err(Error::Stream(format!("{tag:?} record fails its CRC")));
+    }
+    Ok((tag, payload))
+}
+
+fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>> {
+    postcard::to_allocvec(v).map_err(|e| Error::Stream(format!("encode: {e}")))
+}
+
+fn dec<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T> {
+    postcard::from_bytes(b).map_err(|e| Error::Stream(format!("{what}: {e}")))
+}
+
+fn is_zero(page: &[u8]) -> bool {
+    page.chunks_exact(8)
+        .all(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) == 0)
+}
+
+/// Sends the pages whose bits are set in `bitmap` (`None`: every page, zero pages skipped).
+fn send_pages<S: Write>(
+    w: &mut Wire<'_, S>,
+    mem: &GuestMemoryMmap,
+    pages: u64,
+    bitmap: Option<&[u64]>,
+) -> Result<u64> {
+    let mut rec = Vec::with_capacity(PAGES_PER_RECORD * (PAGE + 9));
+    let mut in_rec = 0;
+    let mut sent = 0;
+    let mut page = vec![0u8; PAGE];
+    for gfn in 0..pages {
+        if let Some(b) = bitmap {
+            if b.get((gfn / 64) as usize)
+                .is_none_or(|w| w >> (gfn % 64) & 1 == 0)
+            {
+                continue;
+            }
+        }
+        mem.read_slice(&mut page, GuestAddress(gfn * PAGE as u64))
+            .map_err(|e| Error::Ram(e.to_string()))?;
+        let zero = is_zero(&page);
+        if zero && bitmap.is_none() {
+            continue;
+        }
+        rec.extend_from_slice(&gfn.to_le_bytes());
+        if zero {
+            rec.push(0);
+        } else {
+            rec.push(1);
+            rec.extend_from_slice(&page);
+        }
+        in_rec += 1;
+        sent += 1;
+        if in_rec == PAGES_PER_RECORD {
+            w.record(Tag::Pages, &rec)?;
+            rec.clear();
+            in_rec = 0;
+        }
+    }
+    if in_rec > 0 {
+        w.record(Tag::Pages, &rec)?;
+    }
+    Ok(sent)
+}
+
+/// Sends the vGPU's saving data available now (all of it, in STOP_COPY).
+fn send_device<S: Write>(w: &mut Wire<'_, S>, gpu: &mut dyn GpuLink) -> Result<u64> {
+    let mut n = 0;
+    while let Some(chunk) = gpu.save_read(1 << 20)? {
+        if chunk.is_empty() {
+            break;
+        }
+        n += chunk.len() as u64;
+        w.record(Tag::Device, &chunk)?;
+    }
+    Ok(n)
+}
+
+/// The dirty pages since the last call: KVM's log, joined (unless `gpu` is off) with the vGPU's.
+/// Returns the joined bitmap and how many pages only the vGPU's log had.
+fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(Vec<u64>, u64)> {
+    let mut bits = m.vm().dirty_log()?;
+    let mut gpu_only = 0;
+    if gpu {
+        let ram = m.vm().ram_bytes();
+        let report = m.gpu().link().dma_log_report(0, ram)?;
+        for (w, r) in bits.iter_mut().zip(report) {
+            gpu_only += u64::from((r & !*w).count_ones());
+            *w |= r;
+        }
+    }
+    Ok((bits, gpu_only))
+}
+
+fn count(bits: &[u64]) -> u64 {
+    bits.iter().map(|w| u64::from(w.count_ones())).sum()
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+/// Migrates `m` out over `conn`. On success the source is stopped for good (the destination
+/// runs the VM); on any failure before the destination's acknowledgement the vGPU is put back
+/// to RUNNING and `m` can keep running, with nothing lost.
+pub fn migrate_out<S: Read + Write>(
+    m: &mut Machine,
+    guest: &GuestConfig,
+    conn: &mut S,
+    opts: &Options,
+) -> Result<Report> {
+    let ram = m.vm().ram_bytes();
+    let started = Instant::now();
+    let r = send_all(m, guest, conn, opts, started);
+    if r.is_err() {
+        // Roll back: the vGPU runs again and stops logging; the vCPU was never harmed.
+        let gpu = m.gpu().link();
+        let _ = gpu.set_state(DeviceState::Running);
+        let _ = gpu.dma_log_stop();
+    }
+    let mut rep = r?;
+    rep.ram_bytes = ram;
+    rep.total_ms = ms(started);
+    Ok(rep)
+}
+
+fn send_all<S: Read + Write>(
+    m: &mut Machine,
+    guest: &GuestConfig,
+    conn: &mut S,
+    opts: &Options,
+    started: Instant,
+) -> Result<Report> {
+    let mut rep = Report::default();
+    let ram = m.vm().ram_bytes();
+    let pages = ram / PAGE as u64;
+    conn.write_all(MAGIC)?;
+    let mut w = Wire {
+        s: conn,
+        bytes: MAGIC.len() as u64,
+        rate: opts.link_gbps,
+        start: started,
+    };
+    w.record(
+        Tag::Hello,
+        &enc(&Hello {
+            ram_bytes: ram,
+            guest: *guest,
+        })?,
+    )?;
+    // Start both logs, then the first full pass.
+    m.vm().dirty_log()?;
+    m.gpu().link().dma_log_start(&[IovaRange {
+        iova: 0,
+        length: ram,
+    }])?;
+    m.gpu().link().set_state(DeviceState::PreCopy)?;
+    rep.precopy_pages += send_pages(&mut w, &m.vm().memory().clone(), pages, None)?;
+    rep.device_precopy_bytes += send_device(&mut w, m.gpu().link())?;
+    rep.rounds = 1;
+    // The guest runs between rounds; a round at or below `converge_pages`, or the round budget,
+    // ends pre-copy (after one more stretch of guest execution, as a VMM keeps the vCPU running
+    // while its last round is in flight).
+    loop {
+        if m.run(opts.round_exits)? == Stop::Halted || rep.rounds > opts.max_rounds {
+            break;
+        }
+        let (dirty, _) = collect_dirty(m, opts.gpu_dirty)?;
+        let mem = m.vm().memory().clone();
+        rep.precopy_pages += send_pages(&mut w, &mem, pages, Some(&dirty))?;
+        rep.device_precopy_bytes += send_device(&mut w, m.gpu().link())?;
+        rep.rounds += 1;
+        if count(&dirty) <= opts.converge_pages {
+            m.run(opts.round_exits)?;
+            break;
+        }
+    }
+
+    // Downtime: the vCPU is not entered again from here on.
+    let paused = Instant::now();
+    let paused_at_ns = realtime_ns();
+    let t = Instant::now();
+    m.gpu().link().set_state(DeviceState::StopCopy)?;
+    let stop_ms = ms(t);
+    let t = Instant::now();
+    let (dirty, gpu_only) = collect_dirty(m, opts.gpu_dirty)?;
+    let mem = m.vm().memory().clone();
+    rep.final_pages = send_pages(&mut w, &mem, pages, Some(&dirty))?;
+    rep.final_gpu_only_pages = gpu_only;
+    rep.ram_ms = ms(t);
+    let t = Instant::now();
+    rep.device_stop_bytes = send_device(&mut w, m.gpu().link())?;
+    rep.vgpu_ms = stop_ms + ms(t);
+    let t = Instant::now();
+    let config = m.gpu().save_config()?;
+    w.record(Tag::Config, &config)?;
+    w.record(Tag::Serial, &enc(&m.save_serial())?)?;
+    let mut vcpu = m.vm().save_vcpu()?;
+    vcpu.paused_at_ns = paused_at_ns;
+    w.record(Tag::Vcpu, &enc(&vcpu)?)?;
+    rep.vcpu_ms = ms(t);
+    let t = Instant::now();
+    w.record(Tag::Done, &paused_at_ns.to_le_bytes())?;
+    rep.wire_bytes = w.bytes;
+    w.s.flush()?;
+    let mut answer = [0u8; 1];
+    w.s.read_exact(&mut answer)?;
+    match answer[0] {
+        ACK => {
+            let mut at = [0u8; 8];
+            w.s.read_exact(&mut at)?;
+            rep.transfer_ms = ms(t);
+            rep.downtime_ms = ms(paused);
+            let resumed = u64::from_le_bytes(at);
+            rep.dest_downtime_ms = resumed.saturating_sub(paused_at_ns) as f64 / 1e6;
+            Ok(rep)
+        }
+        NAK => {
+            let mut len = [0u8; 4];
+            w.s.read_exact(&mut len)?;
+            let len = (u32::from_le_bytes(len) as usize).min(64 << 10);
+            let mut msg = vec![0u8; len];
+            w.s.read_exact(&mut msg)?;
+            Err(Error::Stream(format!(
+                "the destination refused the VM: {}",
+                String::from_utf8_lossy(&msg)
+            )))
+        }
+        other => Err(Error::Stream(format!(
+            "the destination answered {other:#x}, neither ACK nor NAK"
+        ))),
+    }
+}
+
+/// What the destination saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Incoming {
+    /// The guest's parameters, from the source.
+    pub guest: Option<GuestConfig>,
+    /// Page records received.
+    pub pages: u64,
+    /// vGPU migration bytes received.
+    pub device_bytes: u64,
+    /// DONE received → vCPU runnable (the destination's part of the downtime), ms.
+    pub restore_ms: f64,
+}
+
+/// Receives a VM over `conn` onto the vGPU behind `link`. Returns the VM, ready to run, once
+/// the whole stream validated and the source was acknowledged. Any failure is refused back to
+/// the source (which then keeps running) and returned.
+pub fn migrate_in<S: Read + Write>(
+    conn: &mut S,
+    link: Box<dyn GpuLink>,
+) -> Result<(Machine, Incoming)> {
+    let mut magic = [0u8; 8];
+    conn.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        let e = Error::Stream("not a gmig VM migration stream (bad magic)".into());
+        refuse(conn, &e);
+        return Err(e);
+    }
+    match receive(conn, link) {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            refuse(conn, &e);
+            Err(e)
+        }
+    }
+}
+
+fn refuse<S: Write>(conn: &mut S, e: &Error) {
+    let msg = e.to_string();
+    let mut out = vec![NAK];
+    out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    out.extend_from_slice(msg.as_bytes());
+    // Best effort: the source may be gone already.
+    let _ = conn.write_all(&out).and_then(|()| conn.flush());
+}
+
+fn receive<S: Read + Write>(conn: &mut S, link: Box<dyn GpuLink>) -> Result<(Machine, Incoming)> {
+    let (tag, p) = read_record(conn)?;
+    if tag != Tag::Hello {
+        return Err(Error::Stream(format!("expected Hello, got {tag:?}")));
+    }
+    let hello: Hello = dec("Hello", &p)?;
+    let mut inc = Incoming {
+        guest: Some(hello.guest),
+        ..Incoming::default()
+    };
+    let mut m = Machine::incoming(hello.ram_bytes, link)?;
+    m.gpu().link().set_state(DeviceState::Resuming)?;
+    let pages = hello.ram_bytes / PAGE as u64;
+    let (mut config, mut serial, mut vcpu) = (None, None, None);
+    loop {
+        let (tag, p) = read_record(conn)?;
+        match tag {
+            Tag::Pages => inc.pages += apply_pages(m.vm().memory(), pages, &p)?,
+            Tag::Device => {
+                inc.device_bytes += p.len() as u64;
+                m.gpu().link().resume_write(&p)?;
+            }
+            Tag::Config => config = Some(p),
+            Tag::Serial => serial = Some(dec::<SerialSnapshot>("Serial", &p)?),
+            Tag::Vcpu => vcpu = Some(dec::<VcpuState>("Vcpu", &p)?),
+            Tag::Done => break,
+            Tag::Hello => return Err(Error::Stream("a second Hello".into())),
+        }
+    }
+    let t = Instant::now();
+    let (Some(config), Some(serial), Some(vcpu)) = (config, serial, vcpu) else {
+        return Err(Error::Stream(
+            "DONE before the configuration space, COM1 and vCPU".into(),
+        ));
+    };
+    // RESUMING → STOP validates the whole vGPU stream and restores it; then the rest.
+    m.gpu().link().set_state(DeviceState::Stop)?;
+    m.gpu().restore_config(&config)?;
+    m.restore_serial(&serial)?;
+    m.vm().restore_vcpu(&vcpu)?;
+    m.gpu().link().set_state(DeviceState::Running)?;
+    inc.restore_ms = ms(t);
+    let mut ack = vec![ACK];
+    ack.extend_from_slice(&realtime_ns().to_le_bytes());
+    conn.write_all(&ack)?;
+    conn.flush()?;
+    Ok((m, inc))
+}
+
+fn apply_pages(mem: &GuestMemoryMmap, pages: u64, rec: &[u8]) -> Result<u64> {
+    let mut at = 0;
+    let mut n = 0;
+    let zero = [0u8; PAGE];
+    while at < rec.len() {
+        let head = rec
+            .get(at..at + 9)
+            .ok_or_else(|| Error::Stream("truncated page entry".into()))?;
+        let gfn = u64::from_le_bytes([
+            head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7],
+        ]);
+        if gfn >= pages {
+            return Err(Error::Stream(format!(
+                "page {gfn:#x} is outside the guest's {pages} pages"
+            )));
+        }
+        at += 9;
+        let data: &[u8] = match head[8] {
+            0 => &zero,
+            1 => {
+                let d = rec
+                    .get(at..at + PAGE)
+                    .ok_or_else(|| Error::Stream("truncated page data".into()))?;
+                at += PAGE;
+                d
+            }
+            k => return Err(Error::Stream(format!("page kind {k}"))),
+        };
+        mem.write_slice(data, GuestAddress(gfn * PAGE as u64))
+            .map_err(|e| Error::Ram(e.to_string()))?;
+        n += 1;
+    }
+    Ok(n)
+}
