@@ -170,3 +170,23 @@ pub fn assert_same_run(a: &Machine, b: &Machine, what: &str) {
         assert!(d.is_identical(), "{what}: vGPU state differs: {d:?}");
     }
 }
+
+/// A vfio-user server (gmig's, on a thread) serving a vGPU in host slot `slot` on a socket in
+/// `dir`; returns the socket path. The server serves one client, as `gmig serve --clients 1`.
+pub fn serve_vgpu(dir: &std::path::Path, name: &str, slot: u32) -> std::path::PathBuf {
+    use gmig_qemu_bridge::server::Server;
+    let path = dir.join(name);
+    let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+    let spec = VgpuSpec::for_guest(VgpuType::V5_8, slot, true).expect("spec");
+    std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("accept");
+        let mut server = Server::new(VgpuBackend::new(spec));
+        let _ = server.serve(stream);
+    });
+    path
+}
+
+/// The vGPU over vfio-user, from a server started with [`serve_vgpu`].
+pub fn remote(path: &std::path::Path) -> Box<dyn GpuLink> {
+    Box::new(gmig_vmm::Remote::connect(path).expect("connect"))
+}
