@@ -39,6 +39,79 @@ pub enum Command {
     Serve(ServeArgs),
     /// Migrate a vGPU under the desktop workload over loopback TCP and print the downtime report.
     Demo(DemoArgs),
+    /// A real KVM guest driving the vGPU: run it, or live-migrate the whole VM.
+    #[command(subcommand)]
+    Vm(VmCommand),
+}
+
+/// `gmig vm` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum VmCommand {
+    /// Boot the guest GPU driver under KVM on a vGPU and run it to the end.
+    Run(VmRunArgs),
+    /// Live-migrate the whole VM: as destination (--listen) or source (--to).
+    Migrate(VmMigrateArgs),
+}
+
+/// The guest and the vGPU it runs on.
+#[derive(Debug, Args)]
+pub struct VmGuestArgs {
+    /// What the guest program renders (desktop, compute).
+    #[arg(long, default_value = "desktop")]
+    pub profile: String,
+    /// Frames before the guest prints its checksum and halts.
+    #[arg(long, default_value_t = 48)]
+    pub frames: u32,
+    /// Framebuffer width and height.
+    #[arg(long, default_value_t = 256)]
+    pub width: u32,
+    /// See `--width`.
+    #[arg(long, default_value_t = 192)]
+    pub height: u32,
+    /// Guest RAM in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub ram_mib: u64,
+    /// Seed of the guest's random choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Attach the vGPU over vfio-user from this socket (`gmig serve --ram-by-vmm`) instead of
+    /// linking it in process.
+    #[arg(long)]
+    pub vgpu_socket: Option<PathBuf>,
+    /// Host slot of an in-process vGPU (a destination uses another slot than its source).
+    #[arg(long, default_value_t = 0)]
+    pub slot: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct VmRunArgs {
+    #[command(flatten)]
+    pub guest: VmGuestArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct VmMigrateArgs {
+    #[command(flatten)]
+    pub guest: VmGuestArgs,
+    /// Destination: accept the VM on this address (e.g. 0.0.0.0:4444), then run it to the end.
+    #[arg(long, conflicts_with = "to")]
+    pub listen: Option<String>,
+    /// Source: migrate the VM to this address.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Source: start migrating once the guest has completed this many frames.
+    #[arg(long, default_value_t = 16)]
+    pub at_frame: u64,
+    /// Source: join only KVM's dirty log, not the vGPU's DMA log (negative control: the
+    /// destination then misses the pages the vGPU wrote).
+    #[arg(long)]
+    pub no_gpu_dirty: bool,
+    /// Source: emulated link speed in Gbit/s.
+    #[arg(long)]
+    pub link_gbps: Option<f64>,
+    /// Source: guest exits between pre-copy rounds.
+    #[arg(long, default_value_t = 64)]
+    pub round_exits: u64,
 }
 
 /// GEN generation of the command stream.
@@ -301,4 +374,7 @@ pub struct DemoArgs {
     /// Emulated link speed in Gbit/s (unlimited when absent).
     #[arg(long)]
     pub link_gbps: Option<f64>,
+    /// Skip the real KVM guest (run only the simulated one).
+    #[arg(long)]
+    pub no_vm: bool,
 }

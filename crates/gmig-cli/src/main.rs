@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(args, cli.json),
         Command::Serve(args) => cmd::serve::run(args, cli.json),
         Command::Demo(args) => cmd::demo::run(args, cli.json),
+        Command::Vm(vm) => cmd::vm::run(vm, cli.json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -226,6 +226,15 @@ static void find_gpu(void) {
         bar2 = place_bar(dev, 0x18, &next); /* the aperture is the larger: place it first */
         bar0 = place_bar(dev, 0x10, &next);
         cfg_write(dev, 4, cfg_read(dev, 4) | 0x6); /* memory decoding, bus master */
+        /* MSI (capability at 0x90, as the config space's list says): the LAPIC's address,
+         * vector 0x41, enabled. The VMM counts them; this guest polls. */
+        u32 cap = cfg_read(dev, 0x34) & 0xfc;
+        if (cap && (cfg_read(dev, cap) & 0xff) == 0x05) {
+            cfg_write(dev, cap + 4, 0xfee00000u);
+            cfg_write(dev, cap + 8, 0);
+            cfg_write(dev, cap + 12, 0x41);
+            cfg_write(dev, cap, cfg_read(dev, cap) | (1u << 16));
+        }
         puts("gpu: ");
         puthex(id);
         puts(" bar0 ");

@@ -20,6 +20,7 @@
 pub mod gpu;
 pub mod guest;
 pub mod kvm;
+pub mod loopback;
 pub mod machine;
 pub mod migrate;
 pub mod pci;

@@ -47,5 +47,10 @@ fn guest_renders_and_prints_its_checksum() {
             .stats()
             .clone();
         eprintln!("{stats:?} exits {}", m.exits);
+        // The GPU did the work: every frame's batch ran, nothing faulted, and each completion
+        // raised an MSI the guest had enabled.
+        assert_eq!(stats.workloads, u64::from(cfg.frames), "{stats:?}");
+        assert!(stats.executed > u64::from(cfg.frames), "{stats:?}");
+        assert!(m.msis() >= 1, "no MSI signalled");
     }
 }

@@ -11,3 +11,4 @@ pub mod demo;
 pub mod migrate;
 pub mod replay;
 pub mod serve;
+pub mod vm;

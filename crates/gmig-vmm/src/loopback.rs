@@ -1,0 +1,119 @@
+//! A whole-VM migration with both VMMs in this process (over loopback TCP), checked against an
+//! unmigrated run of the same guest: what `gmig demo` runs when `/dev/kvm` is there.
+
+use std::net::{TcpListener, TcpStream};
+
+use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
+use gmig_vgpu::gm::VgpuType;
+use serde::Serialize;
+
+use crate::guest::GuestConfig;
+use crate::machine::Machine;
+use crate::migrate::{migrate_in, migrate_out, Incoming, Options, Report};
+use crate::{Error, GpuLink, Linked, Result, Stop};
+
+/// Exits enough for any guest this crate builds to finish.
+pub const RUN_TO_END: u64 = 1 << 40;
+
+/// The in-process reference vGPU of type `ty` in host slot `slot`, for a real guest.
+pub fn linked_vgpu(ty: VgpuType, slot: u32) -> Result<Box<dyn GpuLink>> {
+    let spec = VgpuSpec::for_guest(ty, slot, true).map_err(Error::Device)?;
+    Ok(Box::new(Linked(VgpuBackend::new(spec))))
+}
+
+/// What [`loopback`] found.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoopbackReport {
+    /// The source's report.
+    pub migration: Report,
+    /// The destination's.
+    pub incoming: Incoming,
+    /// Frames the guest had completed when the migration started.
+    pub at_frame: u64,
+    /// The guest's final serial line with its checksum.
+    pub checksum_line: String,
+    /// The migrated guest's serial output, guest RAM (telemetry page aside) and exits equal the
+    /// unmigrated run's.
+    pub identical: bool,
+    /// The largest TSC gap the guest saw in its wait loop on the destination, µs (with KVM
+    /// emulating MMIO in software, ordinary exits can exceed the downtime).
+    pub guest_max_gap_us: f64,
+    /// MSIs the vGPU signalled on the destination (counted; the guest polls).
+    pub msis: u64,
+}
+
+fn frames_done(m: &Machine) -> u64 {
+    m.telemetry().map_or(0, |t| t.frames_done)
+}
+
+fn ram_without_telemetry(m: &Machine) -> Result<Vec<u8>> {
+    use vm_memory::{Bytes, GuestAddress};
+    let mut out = vec![0u8; m.vm().ram_bytes() as usize];
+    m.vm()
+        .memory()
+        .read_slice(&mut out, GuestAddress(0))
+        .map_err(|e| Error::Ram(e.to_string()))?;
+    let t = crate::guest::TELEMETRY as usize;
+    out[t..t + 4096].fill(0);
+    Ok(out)
+}
+
+/// Runs `cfg` unmigrated on `ram` bytes, then again migrating it (once it has completed
+/// `at_frame` frames) to a destination whose vGPU sits elsewhere in graphics memory, and
+/// compares the two.
+pub fn loopback(
+    cfg: &GuestConfig,
+    ram: u64,
+    at_frame: u64,
+    opts: &Options,
+) -> Result<LoopbackReport> {
+    let ty = VgpuType::V5_8;
+    let mut base = Machine::boot(ram, cfg, linked_vgpu(ty, 0)?)?;
+    if base.run(RUN_TO_END)? != Stop::Halted {
+        return Err(Error::Guest("the unmigrated guest did not finish".into()));
+    }
+    let mut src = Machine::boot(ram, cfg, linked_vgpu(ty, 0)?)?;
+    src.run_until(RUN_TO_END, |m| frames_done(m) >= at_frame)?;
+    if src.halted() {
+        return Err(Error::Guest(format!(
+            "the guest finished before frame {at_frame}"
+        )));
+    }
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let dest = std::thread::spawn(move || -> Result<(Machine, Incoming)> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_nodelay(true)?;
+        migrate_in(&mut conn, linked_vgpu(ty, 1)?)
+    });
+    let mut conn = TcpStream::connect(addr)?;
+    conn.set_nodelay(true)?;
+    let out = migrate_out(&mut src, cfg, &mut conn, opts);
+    drop(conn);
+    let incoming = dest
+        .join()
+        .map_err(|_| Error::Guest("the destination thread panicked".into()))?;
+    let migration = out?;
+    let (mut m, incoming) = incoming?;
+    if m.run(RUN_TO_END)? != Stop::Halted {
+        return Err(Error::Guest("the migrated guest did not finish".into()));
+    }
+    let identical = m.serial_results() == base.serial_results()
+        && ram_without_telemetry(&m)? == ram_without_telemetry(&base)?;
+    let tel = m.telemetry()?;
+    let khz = f64::from(m.vm().tsc_khz().max(1));
+    Ok(LoopbackReport {
+        migration,
+        incoming,
+        at_frame,
+        checksum_line: m
+            .serial_results()
+            .lines()
+            .rfind(|l| l.starts_with("checksum"))
+            .unwrap_or_default()
+            .to_string(),
+        identical,
+        guest_max_gap_us: tel.max_gap_tsc as f64 * 1000.0 / khz,
+        msis: m.msis(),
+    })
+}
