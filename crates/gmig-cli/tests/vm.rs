@@ -28,6 +28,16 @@ fn checksum(out: &Output) -> String {
         .to_string()
 }
 
+fn assert_both_succeeded(src: &Output, dst: &Output) {
+    for (who, o) in [("source", src), ("destination", dst)] {
+        assert!(
+            o.status.success(),
+            "{who}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
 const GUEST: [&str; 4] = ["--frames", "24", "--ram-mib", "64"];
 
 fn unmigrated() -> String {
@@ -90,16 +100,7 @@ fn two_vmm_processes_migrate_a_vm_over_tcp() {
     }
     let want = unmigrated();
     let (dst, src) = pair(&[], &[], "127.0.0.1:47311", "127.0.0.1:47311");
-    assert!(
-        src.status.success(),
-        "{}",
-        String::from_utf8_lossy(&src.stderr)
-    );
-    assert!(
-        dst.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dst.stderr)
-    );
+    assert_both_succeeded(&src, &dst);
     let rep: serde_json::Value =
         serde_json::from_slice(&src.stdout).expect("source report is JSON");
     assert!(rep["downtime_ms"].as_f64().unwrap() > 0.0, "{rep}");
@@ -189,15 +190,6 @@ fn two_vmm_processes_in_two_network_namespaces_over_veth() {
         "10.77.0.2:47312",
         "10.77.0.2:47312",
     );
-    assert!(
-        src.status.success(),
-        "{}",
-        String::from_utf8_lossy(&src.stderr)
-    );
-    assert!(
-        dst.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dst.stderr)
-    );
+    assert_both_succeeded(&src, &dst);
     assert_eq!(checksum(&dst), want);
 }
