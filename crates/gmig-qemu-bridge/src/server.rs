@@ -454,14 +454,19 @@ impl<D: UserDevice> Server<D> {
         {
             return Err(libc::EINVAL);
         }
-        let mapped: Vec<IovaRange> = self
-            .dma
-            .iter()
-            .map(|r| IovaRange {
-                iova: r.address,
-                length: r.size,
-            })
-            .collect();
+        // DMA_LOGGING_START with no ranges logs every mapped region (listed before the device
+        // is borrowed).
+        let mapped: Vec<IovaRange> = if f.index() == FEATURE_DMA_LOGGING_START {
+            self.dma
+                .iter()
+                .map(|r| IovaRange {
+                    iova: r.address,
+                    length: r.size,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let h = self.device.migration().ok_or(libc::ENOTSUP)?;
         let (get, set) = match f.index() {
             FEATURE_MIGRATION | FEATURE_MIG_DATA_SIZE | FEATURE_DMA_LOGGING_REPORT => (true, false),
@@ -507,7 +512,6 @@ impl<D: UserDevice> Server<D> {
                     let length = r.u64().map_err(|_| libc::EINVAL)?;
                     ranges.push(IovaRange { iova, length });
                 }
-                // No ranges: log every write, that is every mapped DMA region.
                 if ranges.is_empty() {
                     ranges = mapped;
                 }
