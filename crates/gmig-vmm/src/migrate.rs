@@ -18,6 +18,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
+use gmig_dirty::{DirtyBitmap, Gfn};
 use gmig_vfio_migration::{DeviceState, IovaRange};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -211,20 +212,17 @@ fn send_pages<S: Write>(
     w: &mut Wire<'_, S>,
     mem: &GuestMemoryMmap,
     pages: u64,
-    bitmap: Option<&[u64]>,
+    bitmap: Option<&DirtyBitmap>,
 ) -> Result<u64> {
     let mut rec = Vec::with_capacity(PAGES_PER_RECORD * (PAGE + 9));
     let mut in_rec = 0;
     let mut sent = 0;
     let mut page = vec![0u8; PAGE];
-    for gfn in 0..pages {
-        if let Some(b) = bitmap {
-            if b.get((gfn / 64) as usize)
-                .is_none_or(|w| w >> (gfn % 64) & 1 == 0)
-            {
-                continue;
-            }
-        }
+    let listed: Box<dyn Iterator<Item = u64>> = match bitmap {
+        None => Box::new(0..pages),
+        Some(b) => Box::new(b.iter().map(|g| g.0)),
+    };
+    for gfn in listed {
         mem.read_slice(&mut page, GuestAddress(gfn * PAGE as u64))
             .map_err(|e| Error::Ram(e.to_string()))?;
         let zero = is_zero(&page);
@@ -267,22 +265,24 @@ fn send_device<S: Write>(w: &mut Wire<'_, S>, gpu: &mut dyn GpuLink) -> Result<u
 
 /// The dirty pages since the last call: KVM's log, joined (unless `gpu` is off) with the vGPU's.
 /// Returns the joined bitmap and how many pages only the vGPU's log had.
-fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(Vec<u64>, u64)> {
-    let mut bits = m.vm().dirty_log()?;
+fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(DirtyBitmap, u64)> {
+    let ram = m.vm().ram_bytes();
+    let pages = ram / PAGE as u64;
+    let bitmap = |words| {
+        DirtyBitmap::from_words(Gfn(0), pages, words)
+            .map_err(|e| Error::Stream(format!("dirty bitmap: {e}")))
+    };
+    let mut dirty = bitmap(m.vm().dirty_log()?)?;
     let mut gpu_only = 0;
     if gpu {
-        let ram = m.vm().ram_bytes();
-        let report = m.gpu().link().dma_log_report(0, ram)?;
-        for (w, r) in bits.iter_mut().zip(report) {
-            gpu_only += u64::from((r & !*w).count_ones());
-            *w |= r;
-        }
+        let mut report = bitmap(m.gpu().link().dma_log_report(0, ram)?)?;
+        report.subtract(&dirty);
+        gpu_only = report.count();
+        dirty
+            .merge(&report)
+            .map_err(|e| Error::Stream(format!("dirty bitmap: {e}")))?;
     }
-    Ok((bits, gpu_only))
-}
-
-fn count(bits: &[u64]) -> u64 {
-    bits.iter().map(|w| u64::from(w.count_ones())).sum()
+    Ok((dirty, gpu_only))
 }
 
 fn ms(t: Instant) -> f64 {
@@ -359,7 +359,7 @@ fn send_all<S: Read + Write>(
         rep.precopy_pages += send_pages(&mut w, &mem, pages, Some(&dirty))?;
         rep.device_precopy_bytes += send_device(&mut w, m.gpu().link())?;
         rep.rounds += 1;
-        if count(&dirty) <= opts.converge_pages {
+        if dirty.count() <= opts.converge_pages {
             m.run(opts.round_exits)?;
             break;
         }
