@@ -70,6 +70,11 @@ pub trait GpuLink: Send {
     }
 }
 
+/// The in-process vGPU as a VFIO v2 migration device.
+type VgpuHandle = gmig_vfio_migration::MigrationHandle<
+    gmig_core::migration::VmDevice<gmig_vgpu::migratable::VgpuFactory>,
+>;
+
 /// The vGPU in process.
 #[derive(Debug)]
 pub struct Linked(pub VgpuBackend);
@@ -79,16 +84,22 @@ fn errno(what: &str, e: i32) -> Error {
 }
 
 impl Linked {
-    fn handle(
-        &mut self,
-    ) -> Result<
-        &mut gmig_vfio_migration::MigrationHandle<
-            gmig_core::migration::VmDevice<gmig_vgpu::migratable::VgpuFactory>,
-        >,
-    > {
+    fn handle(&mut self) -> Result<&mut VgpuHandle> {
         self.0
             .migration()
             .ok_or_else(|| Error::Device("the vGPU has no guest RAM yet".into()))
+    }
+}
+
+impl Linked {
+    /// The open migration stream's id (saving or resuming).
+    fn stream(&mut self, what: &str) -> Result<(&mut VgpuHandle, gmig_vfio_migration::StreamId)> {
+        let h = self.handle()?;
+        let id = h
+            .open_stream()
+            .map(|s| s.id)
+            .ok_or_else(|| Error::Device(format!("no {what} stream")))?;
+        Ok((h, id))
     }
 }
 
@@ -129,11 +140,7 @@ impl GpuLink for Linked {
     }
 
     fn save_read(&mut self, max: usize) -> Result<Option<Vec<u8>>> {
-        let h = self.handle()?;
-        let id = h
-            .open_stream()
-            .map(|s| s.id)
-            .ok_or_else(|| Error::Device("no saving stream".into()))?;
+        let (h, id) = self.stream("saving")?;
         let mut buf = vec![0u8; max];
         match h.read(id, &mut buf).map_err(|e| dev("save read", e))? {
             ReadOutcome::Data(n) => {
@@ -146,11 +153,7 @@ impl GpuLink for Linked {
     }
 
     fn resume_write(&mut self, data: &[u8]) -> Result<()> {
-        let h = self.handle()?;
-        let id = h
-            .open_stream()
-            .map(|s| s.id)
-            .ok_or_else(|| Error::Device("no resuming stream".into()))?;
+        let (h, id) = self.stream("resuming")?;
         h.write(id, data)
             .map(|_| ())
             .map_err(|e| dev("resume write", e))
