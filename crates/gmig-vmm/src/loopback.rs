@@ -42,22 +42,6 @@ pub struct LoopbackReport {
     pub msis: u64,
 }
 
-fn frames_done(m: &Machine) -> u64 {
-    m.telemetry().map_or(0, |t| t.frames_done)
-}
-
-fn ram_without_telemetry(m: &Machine) -> Result<Vec<u8>> {
-    use vm_memory::{Bytes, GuestAddress};
-    let mut out = vec![0u8; m.vm().ram_bytes() as usize];
-    m.vm()
-        .memory()
-        .read_slice(&mut out, GuestAddress(0))
-        .map_err(|e| Error::Ram(e.to_string()))?;
-    let t = crate::guest::TELEMETRY as usize;
-    out[t..t + 4096].fill(0);
-    Ok(out)
-}
-
 /// Runs `cfg` unmigrated on `ram` bytes, then again migrating it (once it has completed
 /// `at_frame` frames) to a destination whose vGPU sits elsewhere in graphics memory, and
 /// compares the two.
@@ -73,7 +57,7 @@ pub fn loopback(
         return Err(Error::Guest("the unmigrated guest did not finish".into()));
     }
     let mut src = Machine::boot(ram, cfg, linked_vgpu(ty, 0)?)?;
-    src.run_until(RUN_TO_END, |m| frames_done(m) >= at_frame)?;
+    src.run_until(RUN_TO_END, |m| m.frames_done() >= at_frame)?;
     if src.halted() {
         return Err(Error::Guest(format!(
             "the guest finished before frame {at_frame}"
@@ -98,8 +82,8 @@ pub fn loopback(
     if m.run(RUN_TO_END)? != Stop::Halted {
         return Err(Error::Guest("the migrated guest did not finish".into()));
     }
-    let identical = m.serial_results() == base.serial_results()
-        && ram_without_telemetry(&m)? == ram_without_telemetry(&base)?;
+    let identical =
+        m.serial_results() == base.serial_results() && m.ram_image()? == base.ram_image()?;
     let tel = m.telemetry()?;
     let khz = f64::from(m.vm().tsc_khz().max(1));
     Ok(LoopbackReport {

@@ -256,6 +256,25 @@ impl Machine {
         Telemetry::read(self.vm.memory())
     }
 
+    /// Frames the guest has completed (0 before it starts counting).
+    pub fn frames_done(&self) -> u64 {
+        self.telemetry().map_or(0, |t| t.frames_done)
+    }
+
+    /// A copy of guest RAM with the telemetry page zeroed: what two runs of the same guest must
+    /// agree on (the telemetry page holds TSC readings and poll counts, which differ).
+    pub fn ram_image(&self) -> Result<Vec<u8>> {
+        use vm_memory::{Bytes, GuestAddress};
+        let mut out = vec![0u8; ram_size(self.vm.ram_bytes())?];
+        self.vm
+            .memory()
+            .read_slice(&mut out, GuestAddress(0))
+            .map_err(|e| Error::Ram(e.to_string()))?;
+        let t = crate::guest::TELEMETRY as usize;
+        out[t..t + 4096].fill(0);
+        Ok(out)
+    }
+
     /// The KVM side.
     pub fn vm(&self) -> &Vm {
         &self.vm

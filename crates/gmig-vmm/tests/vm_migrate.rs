@@ -135,8 +135,7 @@ fn a_cut_connection_or_a_refused_stream_leaves_the_source_running_with_nothing_l
         ("a corrupted page record", None, false, Some(5_000)),
     ] {
         let mut src = gmig_vmm::Machine::boot(RAM, &c, linked(0, true)).expect("boot");
-        src.run_until(ALL, |m| m.telemetry().map_or(0, |t| t.frames_done) >= 8)
-            .expect("run");
+        src.run_until(ALL, |m| m.frames_done() >= 8).expect("run");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let addr = listener.local_addr().expect("address");
         let t = std::thread::spawn(move || {

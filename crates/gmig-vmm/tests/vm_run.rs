@@ -1,22 +1,10 @@
 //! The guest GPU driver runs under KVM on the in-process vGPU: it finds the device, maps its
 //! objects, renders, and prints a checksum of what the GPU produced.
 
-use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
-use gmig_vgpu::gm::VgpuType;
-use gmig_vmm::{GpuLink, GuestConfig, GuestProfile, Linked, Machine, Stop};
+mod common;
 
-fn kvm_present() -> bool {
-    if std::path::Path::new("/dev/kvm").exists() {
-        return true;
-    }
-    eprintln!("SKIPPED: /dev/kvm is absent; the real-guest tests need KVM");
-    false
-}
-
-fn linked() -> Box<dyn GpuLink> {
-    let spec = VgpuSpec::for_guest(VgpuType::V5_8, 0, true).expect("spec");
-    Box::new(Linked(VgpuBackend::new(spec)))
-}
+use common::{kvm_present, linked};
+use gmig_vmm::{GuestConfig, GuestProfile, Machine, Stop};
 
 #[test]
 fn guest_renders_and_prints_its_checksum() {
@@ -29,7 +17,7 @@ fn guest_renders_and_prints_its_checksum() {
             frames: 8,
             ..GuestConfig::default()
         };
-        let mut m = Machine::boot(64 << 20, &cfg, linked()).expect("boot");
+        let mut m = Machine::boot(64 << 20, &cfg, linked(0, true)).expect("boot");
         let stop = m.run(5_000_000).expect("run");
         let out = String::from_utf8_lossy(m.serial()).to_string();
         eprintln!("{out}");

@@ -31,8 +31,7 @@ fn over_vfio_user_the_guest_gets_the_same_results_and_migrates() {
         let src = serve_vgpu(dir.path(), &format!("{name}-src.sock"), 0);
         let dst = serve_vgpu(dir.path(), &format!("{name}-dst.sock"), 1);
         let mut s = Machine::boot(RAM, &c, remote(&src)).expect("boot");
-        s.run_until(ALL, |m| m.telemetry().map_or(0, |t| t.frames_done) >= 6)
-            .expect("run");
+        s.run_until(ALL, |m| m.frames_done() >= 6).expect("run");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let addr = listener.local_addr().expect("address");
         let t = std::thread::spawn(move || {

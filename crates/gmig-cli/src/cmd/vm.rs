@@ -109,7 +109,7 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                 b
             });
             m.run_until(RUN_TO_END, |m| {
-                let f = m.telemetry().map_or(0, |t| t.frames_done);
+                let f = m.frames_done();
                 if let Some(b) = &bar {
                     b.set_position(f);
                 }

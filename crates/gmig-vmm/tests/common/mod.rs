@@ -8,7 +8,6 @@ use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
 use gmig_vgpu::gm::{Gfn, VgpuType};
 use gmig_vmm::migrate::{migrate_in, migrate_out, Incoming, Options, Report};
 use gmig_vmm::{guest, GpuLink, GuestConfig, Linked, Machine, Stop};
-use vm_memory::{Bytes, GuestAddress};
 
 /// Guest RAM of the tests.
 pub const RAM: u64 = 64 << 20;
@@ -57,10 +56,6 @@ pub enum Point {
     QueuedAfter(u64),
 }
 
-fn frames_done(m: &Machine) -> u64 {
-    m.telemetry().map_or(0, |t| t.frames_done)
-}
-
 pub fn queued(m: &Machine) -> usize {
     m.gpu_ref()
         .link_ref()
@@ -88,12 +83,12 @@ pub fn migrate_at(
             src.run(n).expect("run to the migration point");
         }
         Point::Frame(f, n) => {
-            src.run_until(ALL, |m| frames_done(m) >= f)
+            src.run_until(ALL, |m| m.frames_done() >= f)
                 .expect("run to the frame");
             src.run(n).expect("run into the frame");
         }
         Point::QueuedAfter(f) => {
-            src.run_until(ALL, |m| frames_done(m) >= f)
+            src.run_until(ALL, |m| m.frames_done() >= f)
                 .expect("run to the frame");
             src.run_until(ALL, |m| queued(m) > 0)
                 .expect("run to a queued batch");
@@ -117,16 +112,9 @@ pub fn migrate_at(
     (src, incoming, rep)
 }
 
-/// Guest RAM of `m`, page by page, without the telemetry page.
+/// Guest RAM of `m`, without the telemetry page.
 pub fn ram(m: &Machine) -> Vec<u8> {
-    let mut out = vec![0u8; RAM as usize];
-    m.vm()
-        .memory()
-        .read_slice(&mut out, GuestAddress(0))
-        .expect("read RAM");
-    let t = guest::TELEMETRY as usize;
-    out[t..t + 4096].fill(0);
-    out
+    m.ram_image().expect("read RAM")
 }
 
 /// Pages where two RAM images differ.
