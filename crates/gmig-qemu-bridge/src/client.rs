@@ -1,9 +1,12 @@
-//! The VMM side of vfio-user: connect, negotiate, map guest RAM by file descriptor, access
-//! regions, set IRQs, reset, and drive migration v2 (DEVICE_FEATURE, MIG_DATA_READ,
-//! MIG_DATA_WRITE). Requests are sent one at a time and each waits for its reply.
+//! The VMM side of vfio-user: connect, negotiate, map guest RAM by file descriptor (or keep it in
+//! the client and serve the server's DMA_READ / DMA_WRITE for it), access regions (by message, or
+//! through the descriptor and sparse areas of a mappable region, or its ioeventfds), set IRQs,
+//! reset, and drive migration v2 (DEVICE_FEATURE, MIG_DATA_READ, MIG_DATA_WRITE). Requests are
+//! sent one at a time and each waits for its reply; DMA requests the server sends meanwhile are
+//! served while waiting.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -11,11 +14,14 @@ use std::path::Path;
 use gmig_vfio_migration::DeviceState;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
+use crate::server::{recv_message, write_message, ServerError};
+
 use crate::proto::{
-    Command, DmaMap, DmaUnmap, Feature, Header, MigData, ProtoError, Put, Reader, RegionAccess,
+    parse_sparse_mmap, Command, DmaAccess, DmaMap, DmaUnmap, Feature, Header, IoFdEntry, IoFdsHead,
+    MigData, ProtoError, Put, Reader, RegionAccess, RegionInfo, SparseArea, WriteMultiEntry,
     DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT, FEATURE_DMA_LOGGING_START,
     FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE,
-    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_COMMAND, FLAG_ERROR, HEADER_LEN,
+    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_COMMAND, FLAG_ERROR, FLAG_REPLY, HEADER_LEN,
 };
 
 /// Errors of the client.
@@ -49,6 +55,33 @@ pub enum ClientError {
 /// Result of client calls.
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// Most bytes the client accepts in one DMA_READ / DMA_WRITE from the server (its
+/// `max_data_xfer_size`).
+pub const CLIENT_MAX_XFER: u64 = 1 << 20;
+
+/// Memory the client keeps itself and maps without a descriptor: the server reaches it only by
+/// DMA_READ / DMA_WRITE.
+#[derive(Debug)]
+struct LocalRegion {
+    address: u64,
+    data: Vec<u8>,
+}
+
+/// What DEVICE_GET_REGION_INFO says of a region.
+#[derive(Debug)]
+pub struct RegionDetails {
+    /// `VFIO_REGION_INFO_FLAG_*`.
+    pub flags: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// For a mappable region, the offset in `file` to map.
+    pub offset: u64,
+    /// The descriptor of a mappable region.
+    pub file: Option<File>,
+    /// The sparse-mmap areas, when the region has the capability.
+    pub sparse: Option<Vec<SparseArea>>,
+}
+
 /// A vfio-user client connected to one server.
 #[derive(Debug)]
 pub struct Client {
@@ -56,6 +89,8 @@ pub struct Client {
     next_id: u16,
     /// The server's VERSION capabilities (JSON text).
     pub capabilities: String,
+    local: Vec<LocalRegion>,
+    dma_served: u64,
 }
 
 impl Client {
@@ -66,11 +101,18 @@ impl Client {
             stream,
             next_id: 1,
             capabilities: String::new(),
+            local: Vec::new(),
+            dma_served: 0,
         };
         let mut v = Vec::new();
         v.put16(0);
         v.put16(2);
-        v.extend_from_slice(b"{\"capabilities\":{\"max_msg_fds\":8}}\0");
+        v.extend_from_slice(
+            format!(
+                "{{\"capabilities\":{{\"max_msg_fds\":8,\"max_data_xfer_size\":{CLIENT_MAX_XFER}}}}}\0"
+            )
+            .as_bytes(),
+        );
         let reply = c.request(Command::Version, &v, &[])?;
         let mut r = Reader::new(&reply);
         let (major, _minor) = (r.u16()?, r.u16()?);
@@ -88,6 +130,17 @@ impl Client {
 
     /// Sends one command with `fds` and returns the reply's payload.
     pub fn request(&mut self, command: Command, payload: &[u8], fds: &[&File]) -> Result<Vec<u8>> {
+        self.request_fds(command, payload, fds).map(|(p, _)| p)
+    }
+
+    /// Sends one command with `fds` and returns the reply's payload and the descriptors that came
+    /// with it. DMA_READ / DMA_WRITE requests from the server that arrive first are served.
+    pub fn request_fds(
+        &mut self,
+        command: Command,
+        payload: &[u8],
+        fds: &[&File],
+    ) -> Result<(Vec<u8>, Vec<File>)> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let h = Header {
@@ -109,11 +162,16 @@ impl Client {
                 .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
             self.stream.write_all(&msg[n..])?;
         }
-        let mut head = [0u8; HEADER_LEN];
-        self.stream.read_exact(&mut head)?;
-        let r = Header::parse(&head, u32::MAX)?;
-        let mut body = vec![0u8; r.payload_len()];
-        self.stream.read_exact(&mut body)?;
+        let (r, body, fds) = loop {
+            let m = recv_message(&mut self.stream).map_err(|e| match e {
+                ServerError::Io(e) => ClientError::Io(e),
+                ServerError::Proto(p) => ClientError::Proto(p),
+            })?;
+            if m.head.is_reply() {
+                break (m.head, m.payload, m.fds);
+            }
+            self.serve_dma(m.head, &m.payload)?;
+        };
         if !r.is_reply() || r.msg_id != id || r.command != command as u16 {
             return Err(ClientError::Mismatch {
                 command,
@@ -126,7 +184,103 @@ impl Client {
                 errno: r.error.cast_signed(),
             });
         }
-        Ok(body)
+        Ok((body, fds))
+    }
+
+    /// Answers a command the server sent (DMA_READ / DMA_WRITE on the client's own memory);
+    /// anything else gets an error reply.
+    fn serve_dma(&mut self, h: Header, p: &[u8]) -> Result<()> {
+        let answer = match Command::try_from(h.command) {
+            Ok(Command::DmaRead) => self.dma_read_local(p),
+            Ok(Command::DmaWrite) => self.dma_write_local(p),
+            _ => Err(libc::EINVAL),
+        };
+        self.dma_served += 1;
+        let (payload, error) = match answer {
+            Ok(v) => (v, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        let reply = Header {
+            msg_id: h.msg_id,
+            command: h.command,
+            size: (HEADER_LEN + payload.len()) as u32,
+            flags: FLAG_REPLY | if error.is_some() { FLAG_ERROR } else { 0 },
+            error: error.map_or(0, i32::cast_unsigned),
+        };
+        write_message(&mut self.stream, reply, &payload)?;
+        Ok(())
+    }
+
+    /// The local region and offset holding `address..address+count`.
+    fn local_range(&self, address: u64, count: u64) -> std::result::Result<(usize, usize), i32> {
+        if count > CLIENT_MAX_XFER {
+            return Err(libc::E2BIG);
+        }
+        let end = address.checked_add(count).ok_or(libc::EFAULT)?;
+        self.local
+            .iter()
+            .position(|r| r.address <= address && end <= r.address + r.data.len() as u64)
+            .map(|i| (i, (address - self.local[i].address) as usize))
+            .ok_or(libc::EFAULT)
+    }
+
+    fn dma_read_local(&mut self, p: &[u8]) -> std::result::Result<Vec<u8>, i32> {
+        let (a, rest) = DmaAccess::parse(p).map_err(|_| libc::EINVAL)?;
+        if !rest.is_empty() {
+            return Err(libc::EINVAL);
+        }
+        let (i, at) = self.local_range(a.address, a.count)?;
+        Ok(a.to_bytes(&self.local[i].data[at..at + a.count as usize]))
+    }
+
+    fn dma_write_local(&mut self, p: &[u8]) -> std::result::Result<Vec<u8>, i32> {
+        let (a, data) = DmaAccess::parse(p).map_err(|_| libc::EINVAL)?;
+        if data.len() as u64 != a.count {
+            return Err(libc::EINVAL);
+        }
+        let (i, at) = self.local_range(a.address, a.count)?;
+        self.local[i].data[at..at + data.len()].copy_from_slice(data);
+        Ok(a.to_bytes(&[]))
+    }
+
+    /// Maps `size` zeroed bytes kept by the client at DMA address `address`, without a file
+    /// descriptor: the server reaches them by DMA_READ / DMA_WRITE, which the client serves while
+    /// it waits for its replies.
+    pub fn dma_map_local(&mut self, address: u64, size: u64) -> Result<()> {
+        let len = usize::try_from(size).map_err(|_| ClientError::Mismatch {
+            command: Command::DmaMap,
+            what: "size",
+        })?;
+        let m = DmaMap {
+            argsz: DmaMap::LEN as u32,
+            flags: 3,
+            offset: 0,
+            address,
+            size,
+        };
+        self.request(Command::DmaMap, &m.to_bytes(), &[])?;
+        self.local.push(LocalRegion {
+            address,
+            data: vec![0; len],
+        });
+        Ok(())
+    }
+
+    /// The client-kept memory at `address..address+len`, if one local region holds it.
+    pub fn local_memory(&self, address: u64, len: usize) -> Option<&[u8]> {
+        let (i, at) = self.local_range(address, 0).ok()?;
+        self.local[i].data.get(at..at.checked_add(len)?)
+    }
+
+    /// The client-kept memory at `address..address+len`, mutably.
+    pub fn local_memory_mut(&mut self, address: u64, len: usize) -> Option<&mut [u8]> {
+        let (i, at) = self.local_range(address, 0).ok()?;
+        self.local[i].data.get_mut(at..at.checked_add(len)?)
+    }
+
+    /// DMA_READ / DMA_WRITE requests the server sent that this client answered.
+    pub fn dma_requests_served(&self) -> u64 {
+        self.dma_served
     }
 
     /// Maps `size` bytes of `file` from `offset` at DMA address `address`, read-write.
@@ -142,7 +296,7 @@ impl Client {
         Ok(())
     }
 
-    /// Unmaps a range mapped with [`Client::dma_map`].
+    /// Unmaps a range mapped with [`Client::dma_map`] or [`Client::dma_map_local`].
     pub fn dma_unmap(&mut self, address: u64, size: u64) -> Result<()> {
         let u = DmaUnmap {
             argsz: DmaUnmap::LEN as u32,
@@ -151,6 +305,8 @@ impl Client {
             size,
         };
         self.request(Command::DmaUnmap, &u.to_bytes(), &[])?;
+        self.local
+            .retain(|r| !(r.address == address && r.data.len() as u64 == size));
         Ok(())
     }
 
@@ -169,17 +325,105 @@ impl Client {
 
     /// `(flags, size)` of region `index`.
     pub fn region_info(&mut self, index: u32) -> Result<(u32, u64)> {
-        let mut p = Vec::new();
-        p.put32(32);
-        p.put32(0);
-        p.put32(index);
-        p.put32(0);
-        p.put64(0);
-        p.put64(0);
-        let r = self.request(Command::DeviceGetRegionInfo, &p, &[])?;
-        let mut r = Reader::new(&r);
-        let (_argsz, flags, _index, _cap) = (r.u32()?, r.u32()?, r.u32()?, r.u32()?);
-        Ok((flags, r.u64()?))
+        let d = self.region_details(index)?;
+        Ok((d.flags, d.size))
+    }
+
+    /// Everything DEVICE_GET_REGION_INFO says of region `index`: for a mappable region its
+    /// descriptor and, with the capability, its sparse areas (asked again with the `argsz` the
+    /// server says the capability chain needs).
+    pub fn region_details(&mut self, index: u32) -> Result<RegionDetails> {
+        let mut argsz = RegionInfo::LEN as u32;
+        for _ in 0..2 {
+            let req = RegionInfo {
+                argsz,
+                flags: 0,
+                index,
+                cap_offset: 0,
+                size: 0,
+                offset: 0,
+            };
+            let (r, mut fds) =
+                self.request_fds(Command::DeviceGetRegionInfo, &req.to_bytes(&[]), &[])?;
+            let (info, _) = RegionInfo::parse(&r)?;
+            let bad = |what| ClientError::Mismatch {
+                command: Command::DeviceGetRegionInfo,
+                what,
+            };
+            if info.index != index || fds.len() > 1 {
+                return Err(bad("index or descriptors"));
+            }
+            if info.argsz > argsz && argsz == RegionInfo::LEN as u32 {
+                argsz = info.argsz; // the capability chain needs more room: ask again
+                continue;
+            }
+            let sparse = if info.cap_offset != 0 {
+                parse_sparse_mmap(&r, info.cap_offset)?
+            } else {
+                None
+            };
+            return Ok(RegionDetails {
+                flags: info.flags,
+                size: info.size,
+                offset: info.offset,
+                file: fds.pop(),
+                sparse,
+            });
+        }
+        Err(ClientError::Mismatch {
+            command: Command::DeviceGetRegionInfo,
+            what: "argsz keeps growing",
+        })
+    }
+
+    /// The ioeventfds of region `index` (GET_REGION_IO_FDS): each sub-region with its
+    /// descriptor. Asked again with the `argsz` the server says the entries need.
+    pub fn region_io_fds(&mut self, index: u32) -> Result<Vec<(IoFdEntry, File)>> {
+        let mut argsz = IoFdsHead::LEN as u32;
+        for _ in 0..2 {
+            let req = IoFdsHead {
+                argsz,
+                flags: 0,
+                index,
+                count: 0,
+            };
+            let (r, fds) =
+                self.request_fds(Command::DeviceGetRegionIoFds, &req.to_bytes(&[]), &[])?;
+            let (head, rest) = IoFdsHead::parse(&r)?;
+            if head.argsz > argsz && rest.is_empty() && head.count > 0 {
+                argsz = head.argsz;
+                continue;
+            }
+            let entries = IoFdEntry::parse_all(rest, head.count)?;
+            if head.index != index
+                || entries.iter().any(|e| e.fd_index as usize >= fds.len())
+                || (entries.is_empty() && !fds.is_empty())
+            {
+                return Err(ClientError::Mismatch {
+                    command: Command::DeviceGetRegionIoFds,
+                    what: "index or descriptors",
+                });
+            }
+            // Entries may share a descriptor: each gets its own handle.
+            return entries
+                .into_iter()
+                .map(|e| Ok((e, fds[e.fd_index as usize].try_clone()?)))
+                .collect();
+        }
+        Err(ClientError::Mismatch {
+            command: Command::DeviceGetRegionIoFds,
+            what: "argsz keeps growing",
+        })
+    }
+
+    /// REGION_WRITE_MULTI of up to 200 small writes; returns how many the server made.
+    pub fn region_write_multi(&mut self, writes: &[WriteMultiEntry]) -> Result<u64> {
+        let r = self.request(
+            Command::RegionWriteMulti,
+            &WriteMultiEntry::request(writes),
+            &[],
+        )?;
+        Ok(Reader::new(&r).u64()?)
     }
 
     /// Reads `len` bytes at `offset` of region `region`.

@@ -405,6 +405,188 @@ wire_struct! {
     }
 }
 
+wire_struct! {
+    /// `VFIO_USER_DEVICE_GET_REGION_INFO` request and reply fixed part (`struct vfio_region_info`,
+    /// 32 bytes). In a reply, `argsz` is the size the whole answer needs (fixed part plus the
+    /// capability chain); the chain is present only when the request's `argsz` had room for it.
+    RegionInfo, 32, {
+        /// `argsz`.
+        argsz: u32,
+        /// `VFIO_REGION_INFO_FLAG_*` (READ 1, WRITE 2, MMAP 4, CAPS 8).
+        flags: u32,
+        /// Region index.
+        index: u32,
+        /// Offset of the first capability from the start of this struct (0: none).
+        cap_offset: u32,
+        /// Region size.
+        size: u64,
+        /// For a mappable region, the offset to pass to `mmap` on the descriptor sent with the
+        /// reply.
+        offset: u64,
+    }
+}
+
+wire_struct! {
+    /// `VFIO_USER_DMA_READ` / `VFIO_USER_DMA_WRITE` fixed part (server to client, 16 bytes),
+    /// followed by `count` data bytes in a write request and in a read reply.
+    DmaAccess, 16, {
+        /// DMA address.
+        address: u64,
+        /// Bytes.
+        count: u64,
+    }
+}
+
+wire_struct! {
+    /// `VFIO_USER_DEVICE_GET_REGION_IO_FDS` request and reply fixed part (16 bytes). In a reply,
+    /// `argsz` is what the whole answer needs and `count` the number of sub-regions; the entries
+    /// follow only when the request's `argsz` had room for them.
+    IoFdsHead, 16, {
+        /// `argsz`.
+        argsz: u32,
+        /// Flags (none defined).
+        flags: u32,
+        /// Region index.
+        index: u32,
+        /// Sub-regions.
+        count: u32,
+    }
+}
+
+wire_struct! {
+    /// One `GET_REGION_IO_FDS` sub-region (40 bytes): writes of `size` bytes at `offset` in the
+    /// region signal the descriptor `fd_index` (among those sent with the reply) instead of
+    /// becoming REGION_WRITE messages.
+    IoFdEntry, 40, {
+        /// Offset in the region.
+        offset: u64,
+        /// Access size in bytes.
+        size: u64,
+        /// Index of the descriptor among those sent with the reply.
+        fd_index: u32,
+        /// `0`: ioeventfd; `1`: ioregionfd.
+        kind: u32,
+        /// Bit 0: `datamatch` is valid (only writes of that value signal).
+        flags: u32,
+        /// Zero.
+        padding: u32,
+        /// The value a write must carry, with flag bit 0.
+        datamatch: u64,
+    }
+}
+
+/// `GET_REGION_IO_FDS` sub-region type: ioeventfd.
+pub const IO_FD_IOEVENTFD: u32 = 0;
+/// `GET_REGION_IO_FDS` sub-region flag: `datamatch` is valid.
+pub const IO_FD_DATAMATCH: u32 = 1;
+
+wire_struct! {
+    /// One write of `VFIO_USER_REGION_WRITE_MULTI` (24 bytes, up to 8 data bytes).
+    WriteMultiEntry, 24, {
+        /// Offset in the region.
+        offset: u64,
+        /// Region index.
+        region: u32,
+        /// Bytes of `data` used (1 to 8).
+        count: u32,
+        /// The data, little-endian in its first `count` bytes.
+        data: u64,
+    }
+}
+
+/// Most writes one `REGION_WRITE_MULTI` carries.
+pub const WRITE_MULTI_MAX: usize = 200;
+
+/// `struct vfio_region_sparse_mmap_area`: the part of a region a client may `mmap`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SparseArea {
+    /// Offset in the region.
+    pub offset: u64,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// `VFIO_REGION_INFO_CAP_SPARSE_MMAP`'s capability id and the version gmig writes.
+const CAP_SPARSE_MMAP: u16 = vfio_bindings::bindings::vfio::VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16;
+/// Most capabilities followed in one chain (a loop guard).
+const MAX_CAPS: usize = 16;
+/// Most sparse areas accepted in one capability.
+pub const MAX_SPARSE_AREAS: usize = 64;
+
+/// Encodes a `VFIO_REGION_INFO_CAP_SPARSE_MMAP` capability (header: id, version 1, next 0; then
+/// `nr_areas`, reserved, and the areas), to be placed right after the 32-byte region info.
+pub fn sparse_mmap_cap(areas: &[SparseArea]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + 16 * areas.len());
+    v.put16(CAP_SPARSE_MMAP);
+    v.put16(1);
+    v.put32(0);
+    v.put32(areas.len() as u32);
+    v.put32(0);
+    for a in areas {
+        v.put64(a.offset);
+        v.put64(a.size);
+    }
+    v
+}
+
+/// Finds the sparse-mmap areas in a region-info reply (`reply` starts at the 32-byte fixed part):
+/// follows the capability chain from `cap_offset`, each offset relative to the start of the
+/// fixed part, refusing offsets that point backwards or outside the reply and chains longer than
+/// a few capabilities. Unknown capabilities are skipped. `Ok(None)` when the chain has no sparse
+/// capability.
+pub fn parse_sparse_mmap(
+    reply: &[u8],
+    cap_offset: u32,
+) -> Result<Option<Vec<SparseArea>>, ProtoError> {
+    let mut at = cap_offset as usize;
+    let mut seen = 0;
+    while at != 0 {
+        seen += 1;
+        if seen > MAX_CAPS || at < RegionInfo::LEN {
+            return Err(ProtoError::LengthMismatch {
+                what: "capability offset",
+                declared: at as u64,
+                present: reply.len() as u64,
+            });
+        }
+        let mut r = Reader::new(reply.get(at..).ok_or(ProtoError::Short {
+            offset: at,
+            need: 8,
+            have: reply.len(),
+        })?);
+        let (id, _version, next) = (r.u16()?, r.u16()?, r.u32()?);
+        if id == CAP_SPARSE_MMAP {
+            let (n, _reserved) = (r.u32()? as usize, r.u32()?);
+            if n > MAX_SPARSE_AREAS {
+                return Err(ProtoError::LengthMismatch {
+                    what: "sparse mmap nr_areas",
+                    declared: n as u64,
+                    present: MAX_SPARSE_AREAS as u64,
+                });
+            }
+            let areas = (0..n)
+                .map(|_| {
+                    Ok(SparseArea {
+                        offset: r.u64()?,
+                        size: r.u64()?,
+                    })
+                })
+                .collect::<Result<_, ProtoError>>()?;
+            return Ok(Some(areas));
+        }
+        let next = next as usize;
+        if next != 0 && next <= at {
+            return Err(ProtoError::LengthMismatch {
+                what: "capability next (must move forward)",
+                declared: next as u64,
+                present: at as u64,
+            });
+        }
+        at = next;
+    }
+    Ok(None)
+}
+
 /// Decodes a fixed part and returns it with the bytes after it.
 fn with_rest<T>(
     p: &[u8],
@@ -484,6 +666,99 @@ impl Feature {
     /// The feature index.
     pub fn index(self) -> u32 {
         self.flags & FEATURE_MASK
+    }
+}
+
+impl RegionInfo {
+    /// Decodes the fixed part; returns it and the bytes after it (the capability chain).
+    pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
+        with_rest(p, Self::read_fields)
+    }
+
+    /// Encodes the fixed part followed by `caps`.
+    pub fn to_bytes(self, caps: &[u8]) -> Vec<u8> {
+        then_data(Self::LEN, |v| self.put_fields(v), caps)
+    }
+}
+
+impl DmaAccess {
+    /// Decodes the fixed part; returns it and the bytes after it.
+    pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
+        with_rest(p, Self::read_fields)
+    }
+
+    /// Encodes the fixed part followed by `data`.
+    pub fn to_bytes(self, data: &[u8]) -> Vec<u8> {
+        then_data(Self::LEN, |v| self.put_fields(v), data)
+    }
+}
+
+impl IoFdsHead {
+    /// Decodes the fixed part; returns it and the bytes after it (the sub-regions).
+    pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
+        with_rest(p, Self::read_fields)
+    }
+
+    /// Encodes the fixed part followed by `entries`.
+    pub fn to_bytes(self, entries: &[IoFdEntry]) -> Vec<u8> {
+        let mut v = then_data(Self::LEN, |v| self.put_fields(v), &[]);
+        for e in entries {
+            e.put_fields(&mut v);
+        }
+        v
+    }
+}
+
+impl IoFdEntry {
+    /// Decodes `count` entries from `p`, which must hold exactly them.
+    pub fn parse_all(p: &[u8], count: u32) -> Result<Vec<Self>, ProtoError> {
+        let want = (count as u64) * Self::LEN as u64;
+        if p.len() as u64 != want {
+            return Err(ProtoError::LengthMismatch {
+                what: "GET_REGION_IO_FDS sub-regions",
+                declared: want,
+                present: p.len() as u64,
+            });
+        }
+        let mut r = Reader::new(p);
+        (0..count).map(|_| Self::read_fields(&mut r)).collect()
+    }
+}
+
+impl WriteMultiEntry {
+    /// Decodes a `REGION_WRITE_MULTI` request: `wr_cnt` (u64), then `wr_cnt` entries (a request
+    /// padded to [`WRITE_MULTI_MAX`] entries, as a fixed-size C struct would be, is accepted too).
+    pub fn parse_request(p: &[u8]) -> Result<Vec<Self>, ProtoError> {
+        let mut r = Reader::new(p);
+        let n = r.u64()?;
+        if n > WRITE_MULTI_MAX as u64 {
+            return Err(ProtoError::LengthMismatch {
+                what: "REGION_WRITE_MULTI wr_cnt",
+                declared: n,
+                present: WRITE_MULTI_MAX as u64,
+            });
+        }
+        let exact = 8 + n as usize * Self::LEN;
+        if p.len() != exact && p.len() != 8 + WRITE_MULTI_MAX * Self::LEN {
+            return Err(ProtoError::LengthMismatch {
+                what: "REGION_WRITE_MULTI size",
+                declared: exact as u64,
+                present: p.len() as u64,
+            });
+        }
+        (0..n).map(|_| Self::read_fields(&mut r)).collect()
+    }
+
+    /// Encodes a `REGION_WRITE_MULTI` request of at most [`WRITE_MULTI_MAX`] writes (the rest
+    /// are left out).
+    pub fn request(writes: &[Self]) -> Vec<u8> {
+        let n = writes.len().min(WRITE_MULTI_MAX);
+        let mut v = Vec::with_capacity(8 + n * Self::LEN);
+        v.put64(n as u64);
+        for w in &writes[..n] {
+            w.put_fields(&mut v);
+        }
+        v
     }
 }
 

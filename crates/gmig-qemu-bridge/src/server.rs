@@ -11,27 +11,35 @@
 //! the connection. Nothing a client sends can make the server panic or touch memory outside what
 //! the client mapped.
 //!
-//! Not served yet: DMA regions without a file descriptor (their accesses would be DMA_READ /
-//! DMA_WRITE messages to the client; such a DMA_MAP is refused with `ENOTSUP`),
-//! `GET_REGION_IO_FDS`, `REGION_WRITE_MULTI` and the DMA-logging features (`ENOTSUP`).
+//! DMA regions mapped without a file descriptor are served by messages: a device that accepts them
+//! ([`UserDevice::remote_dma`]) reaches them through a [`Dma`] port whose accesses become
+//! `VFIO_USER_DMA_READ` / `VFIO_USER_DMA_WRITE` requests to the client; commands the client sends
+//! while the server waits for such a reply are queued and handled afterwards, in order. Regions
+//! may be offered for `mmap` (a descriptor and sparse areas in the region-info reply) and may
+//! carry ioeventfds (`GET_REGION_IO_FDS`).
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use gmig_vfio_migration::dma_log::MAX_RANGES;
 use gmig_vfio_migration::{DeviceState, IovaRange, MigrationDevice, MigrationHandle, ReadOutcome};
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 use crate::proto::{
-    Command, DmaMap, DmaUnmap, Feature, Header, MigData, ProtoError, Put, Reader, RegionAccess,
+    sparse_mmap_cap, Command, DmaAccess, DmaMap, DmaUnmap, Feature, Header, IoFdEntry, IoFdsHead,
+    MigData, ProtoError, Put, Reader, RegionAccess, RegionInfo, SparseArea, WriteMultiEntry,
     DMA_LOGGING_CONTROL_LEN, DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT,
     FEATURE_DMA_LOGGING_START, FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION,
-    FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_ERROR,
-    FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN,
+    FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_COMMAND,
+    FLAG_ERROR, FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN, IO_FD_DATAMATCH,
+    IO_FD_IOEVENTFD,
 };
+use vfio_bindings::bindings::vfio as uapi;
 
 /// Largest message the server accepts (header included).
 pub const MAX_MSG_SIZE: u32 = (1 << 20) + 64;
@@ -41,6 +49,47 @@ pub const MAX_DATA_XFER: u32 = 1 << 20;
 pub const MAX_MSG_FDS: usize = 8;
 /// Most DMA regions mapped at once.
 pub const MAX_DMA_REGIONS: usize = 64;
+/// Most client commands queued while the server waits for the reply to a DMA_READ/WRITE it sent;
+/// a client that sends more is cut off.
+pub const MAX_PENDING: usize = 16;
+/// How long the server waits for the client's reply to a DMA_READ/WRITE before it gives up on the
+/// client (the access fails and the connection is closed).
+pub const DMA_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A device's access to the client's memory (DMA): regions mapped with a file descriptor are read
+/// and written in place; regions mapped without one by DMA_READ / DMA_WRITE messages.
+pub trait Dma {
+    /// Reads `buf.len()` bytes at DMA address `address`.
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    /// Writes `data` at DMA address `address`.
+    fn write(&mut self, address: u64, data: &[u8]) -> Result<(), Errno>;
+}
+
+/// A region the client may `mmap`: the descriptor sent with the region-info reply, the offset to
+/// map it at, and the parts of the region that may be mapped (the rest stays trapped).
+#[derive(Debug)]
+pub struct RegionMmap<'a> {
+    /// The descriptor.
+    pub file: &'a File,
+    /// Offset in `file` of the region's start.
+    pub offset: u64,
+    /// The mappable parts (offsets within the region); empty: the whole region.
+    pub areas: Vec<SparseArea>,
+}
+
+/// One ioeventfd of a region (`GET_REGION_IO_FDS`): a write of `size` bytes at `offset` signals
+/// `file` instead of becoming a REGION_WRITE message.
+#[derive(Debug)]
+pub struct IoEventFd<'a> {
+    /// Offset in the region.
+    pub offset: u64,
+    /// Access size.
+    pub size: u64,
+    /// Only writes of this value signal, when set.
+    pub datamatch: Option<u64>,
+    /// The eventfd.
+    pub file: &'a File,
+}
 
 /// An errno for an error reply.
 pub type Errno = i32;
@@ -80,6 +129,32 @@ pub trait UserDevice {
     /// Called after every message the server handled: a device whose work advances on its own
     /// (a guest-driver model) takes a step here. The default does nothing.
     fn tick(&mut self) {}
+    /// A REGION_WRITE with access to the client's memory: devices that DMA on a register write
+    /// override this. The default is [`UserDevice::region_write`].
+    fn region_write_dma(
+        &mut self,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+        _dma: &mut dyn Dma,
+    ) -> Result<(), Errno> {
+        self.region_write(index, offset, data)
+    }
+    /// Whether DMA regions mapped without a file descriptor are acceptable (reached through
+    /// [`Dma`] by messages). The default refuses them (DMA_MAP answers `ENOTSUP`).
+    fn remote_dma(&self) -> bool {
+        false
+    }
+    /// The client's memory regions mapped without a descriptor changed (their ranges).
+    fn remote_dma_changed(&mut self, _ranges: &[(u64, u64)]) {}
+    /// Region `index` offered for `mmap`, if it is. The default offers none.
+    fn region_mmap(&self, _index: u32) -> Option<RegionMmap<'_>> {
+        None
+    }
+    /// The ioeventfds of region `index`. The default has none.
+    fn region_io_fds(&self, _index: u32) -> Vec<IoEventFd<'_>> {
+        Vec::new()
+    }
 }
 
 /// Why a connection ended.
@@ -97,7 +172,15 @@ pub enum ServerError {
 struct DmaRegion {
     address: u64,
     size: u64,
-    file: FileOffset,
+    /// `None`: mapped without a descriptor, reached by DMA_READ / DMA_WRITE.
+    file: Option<FileOffset>,
+}
+
+/// A message the client sent while the server waited for a reply of its own.
+pub(crate) struct Pending {
+    pub(crate) head: Header,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) fds: Vec<File>,
 }
 
 /// A vfio-user server for one device.
@@ -106,6 +189,10 @@ pub struct Server<D: UserDevice> {
     dma: Vec<DmaRegion>,
     mem: Option<GuestMemoryMmap>,
     negotiated: bool,
+    /// The client's `max_data_xfer_size` (the spec's default until it says otherwise).
+    client_xfer: u64,
+    pending: VecDeque<Pending>,
+    next_id: u16,
 }
 
 impl<D: UserDevice> std::fmt::Debug for Server<D> {
@@ -120,12 +207,15 @@ impl<D: UserDevice> std::fmt::Debug for Server<D> {
 struct Reply {
     payload: Vec<u8>,
     error: Option<Errno>,
+    /// Descriptors sent with the reply (borrowed from the device, which keeps them open).
+    fds: Vec<RawFd>,
 }
 
 fn ok(payload: Vec<u8>) -> Reply {
     Reply {
         payload,
         error: None,
+        fds: Vec::new(),
     }
 }
 
@@ -133,6 +223,7 @@ fn err(e: Errno) -> Reply {
     Reply {
         payload: Vec::new(),
         error: Some(e),
+        fds: Vec::new(),
     }
 }
 
@@ -144,6 +235,9 @@ impl<D: UserDevice> Server<D> {
             dma: Vec::new(),
             mem: None,
             negotiated: false,
+            client_xfer: u64::from(MAX_DATA_XFER),
+            pending: VecDeque::new(),
+            next_id: 0x8000,
         }
     }
 
@@ -174,10 +268,14 @@ impl<D: UserDevice> Server<D> {
 
     fn serve_inner(&mut self, stream: &mut UnixStream) -> Result<(), ServerError> {
         loop {
-            let (head, fds) = recv_header(stream)?;
-            let h = Header::parse(&head, MAX_MSG_SIZE)?;
-            let mut payload = vec![0u8; h.payload_len()];
-            stream.read_exact(&mut payload)?;
+            let Pending {
+                head: h,
+                payload,
+                fds,
+            } = match self.pending.pop_front() {
+                Some(p) => p,
+                None => recv_message(stream)?,
+            };
             if h.is_reply() || h.flags & FLAG_TYPE_MASK != 0 {
                 // A reply to nothing, or an unknown message type: refused, not fatal.
                 if h.flags & FLAG_NO_REPLY == 0 && !h.is_reply() {
@@ -185,10 +283,15 @@ impl<D: UserDevice> Server<D> {
                 }
                 continue;
             }
+            let mut broken = None;
             let reply = match Command::try_from(h.command) {
-                Ok(c) => self.dispatch(c, &payload, fds),
+                Ok(c) => self.dispatch(c, &payload, fds, stream, &mut broken),
                 Err(_) => err(libc::ENOTSUP),
             };
+            if let Some(e) = broken {
+                // The client stopped answering our DMA requests: it is gone or hostile.
+                return Err(ServerError::Io(e));
+            }
             if h.flags & FLAG_NO_REPLY == 0 {
                 send(stream, h, &reply)?;
             }
@@ -196,7 +299,14 @@ impl<D: UserDevice> Server<D> {
         }
     }
 
-    fn dispatch(&mut self, c: Command, p: &[u8], fds: Vec<File>) -> Reply {
+    fn dispatch(
+        &mut self,
+        c: Command,
+        p: &[u8],
+        fds: Vec<File>,
+        stream: &mut UnixStream,
+        broken: &mut Option<io::Error>,
+    ) -> Reply {
         if !self.negotiated && c != Command::Version {
             return err(libc::EINVAL);
         }
@@ -209,24 +319,44 @@ impl<D: UserDevice> Server<D> {
             Command::DmaMap => self.dma_map(p, fds),
             Command::DmaUnmap => self.dma_unmap(p),
             Command::DeviceGetInfo => self.device_info(p),
-            Command::DeviceGetRegionInfo => self.region_info(p),
+            Command::DeviceGetRegionInfo => return self.region_info(p),
+            Command::DeviceGetRegionIoFds => return self.region_io_fds(p),
             Command::DeviceGetIrqInfo => self.irq_info(p),
             Command::DeviceSetIrqs => self.set_irqs(p, fds),
             Command::RegionRead => self.region_read(p),
-            Command::RegionWrite => self.region_write(p),
+            Command::RegionWrite => self.region_write(p, stream, broken),
+            Command::RegionWriteMulti => self.region_write_multi(p, stream, broken),
             Command::DeviceReset => self.device.reset().map(|()| Vec::new()),
             Command::DeviceFeature => self.feature(p),
             Command::MigDataRead => self.mig_read(p),
             Command::MigDataWrite => self.mig_write(p),
-            Command::DmaRead
-            | Command::DmaWrite
-            | Command::DeviceGetRegionIoFds
-            | Command::RegionWriteMulti => Err(libc::ENOTSUP),
+            // Server-to-client commands: a client does not send them.
+            Command::DmaRead | Command::DmaWrite => Err(libc::EINVAL),
         };
         match r {
             Ok(v) => ok(v),
             Err(e) => err(e),
         }
+    }
+
+    /// One device write with DMA through a port over `stream` (for REGION_WRITE and each write
+    /// of REGION_WRITE_MULTI).
+    fn write_with_dma(
+        &mut self,
+        (index, offset, data): (u32, u64, &[u8]),
+        stream: &mut UnixStream,
+        broken: &mut Option<io::Error>,
+    ) -> Result<(), Errno> {
+        let mut port = DmaPort {
+            stream,
+            mem: self.mem.as_ref(),
+            dma: &self.dma,
+            pending: &mut self.pending,
+            next_id: &mut self.next_id,
+            xfer: self.client_xfer,
+            broken,
+        };
+        self.device.region_write_dma(index, offset, data, &mut port)
     }
 
     fn version(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
@@ -236,9 +366,10 @@ impl<D: UserDevice> Server<D> {
         if major != 0 {
             return Err(libc::ENOTSUP);
         }
+        self.client_xfer = client_max_xfer(r.rest());
         let json = format!(
             "{{\"capabilities\":{{\"max_msg_fds\":{MAX_MSG_FDS},\"max_data_xfer_size\":{MAX_DATA_XFER},\
-             \"pgsizes\":4096,\"max_dma_maps\":{MAX_DMA_REGIONS},\"migration\":{{\"pgsize\":4096,\
+             \"pgsizes\":4096,\"max_dma_maps\":{MAX_DMA_REGIONS},\"write_multiple\":true,\"migration\":{{\"pgsize\":4096,\
              \"max_bitmap_size\":{}}}}}}}",
             1u64 << 28
         );
@@ -257,30 +388,38 @@ impl<D: UserDevice> Server<D> {
             return Err(libc::EINVAL);
         }
         let end = m.address.checked_add(m.size).ok_or(libc::EINVAL)?;
-        if m.address % 4096 != 0
-            || self
-                .dma
-                .iter()
-                .any(|r| m.address < r.address + r.size && r.address < end)
-        {
+        if m.address % 4096 != 0 {
             return Err(libc::EINVAL);
+        }
+        // The specification: a map over an existing one fails with EEXIST.
+        if self
+            .dma
+            .iter()
+            .any(|r| m.address < r.address + r.size && r.address < end)
+        {
+            return Err(libc::EEXIST);
         }
         if self.dma.len() >= MAX_DMA_REGIONS {
             return Err(libc::ENOSPC);
         }
         let file = match (fds.pop(), fds.is_empty()) {
-            (Some(f), true) => f,
+            (Some(f), true) => {
+                let len = f.metadata().map_err(|_| libc::EINVAL)?.len();
+                if m.offset.checked_add(m.size).is_none_or(|e| e > len) {
+                    return Err(libc::EINVAL);
+                }
+                Some(FileOffset::new(f, m.offset))
+            }
+            // Without a descriptor the region is reached by DMA_READ / DMA_WRITE, if the device
+            // can work that way.
+            (None, _) if self.device.remote_dma() => None,
             (None, _) => return Err(libc::ENOTSUP),
             (Some(_), false) => return Err(libc::EINVAL),
         };
-        let len = file.metadata().map_err(|_| libc::EINVAL)?.len();
-        if m.offset.checked_add(m.size).is_none_or(|e| e > len) {
-            return Err(libc::EINVAL);
-        }
         self.dma.push(DmaRegion {
             address: m.address,
             size: m.size,
-            file: FileOffset::new(file, m.offset),
+            file,
         });
         self.remap().inspect_err(|_| {
             self.dma.pop();
@@ -305,20 +444,30 @@ impl<D: UserDevice> Server<D> {
 
     fn remap(&mut self) -> Result<(), Errno> {
         self.dma.sort_by_key(|r| r.address);
-        self.mem = if self.dma.is_empty() {
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for r in &self.dma {
+            match &r.file {
+                Some(f) => {
+                    let size = usize::try_from(r.size).map_err(|_| libc::EINVAL)?;
+                    local.push((GuestAddress(r.address), size, Some(f.clone())));
+                }
+                None => remote.push((r.address, r.size)),
+            }
+        }
+        let mem = if local.is_empty() {
             None
         } else {
-            let ranges: Vec<_> = self
-                .dma
-                .iter()
-                .map(|r| {
-                    let size = usize::try_from(r.size).map_err(|_| libc::EINVAL)?;
-                    Ok((GuestAddress(r.address), size, Some(r.file.clone())))
-                })
-                .collect::<Result<_, Errno>>()?;
-            Some(GuestMemoryMmap::from_ranges_with_files(ranges).map_err(|_| libc::EINVAL)?)
+            Some(GuestMemoryMmap::from_ranges_with_files(local).map_err(|_| libc::EINVAL)?)
         };
-        self.device.dma_changed(self.mem.as_ref());
+        let had_mem = self.mem.is_some();
+        self.mem = mem;
+        if self.mem.is_some() || had_mem {
+            self.device.dma_changed(self.mem.as_ref());
+        }
+        if self.device.remote_dma() {
+            self.device.remote_dma_changed(&remote);
+        }
         Ok(())
     }
 
@@ -337,28 +486,98 @@ impl<D: UserDevice> Server<D> {
         Ok(v)
     }
 
-    fn region_info(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
-        let mut r = Reader::new(p);
-        let argsz = r.u32().map_err(|_| libc::EINVAL)?;
-        let _flags = r.u32().map_err(|_| libc::EINVAL)?;
-        let index = r.u32().map_err(|_| libc::EINVAL)?;
-        if argsz < 32 {
-            return Err(libc::EINVAL);
+    fn region_info(&mut self, p: &[u8]) -> Reply {
+        let Ok((req, _)) = RegionInfo::parse(p) else {
+            return err(libc::EINVAL);
+        };
+        if (req.argsz as usize) < RegionInfo::LEN {
+            return err(libc::EINVAL);
         }
         // Indices below num_regions always answer (an absent BAR has size 0, as in the kernel).
         let (_, regions, _) = self.device.device_info();
-        if index >= regions {
-            return Err(libc::EINVAL);
+        if req.index >= regions {
+            return err(libc::EINVAL);
         }
-        let (flags, size) = self.device.region_info(index).unwrap_or((0, 0));
-        let mut v = Vec::new();
-        v.put32(32);
-        v.put32(flags);
-        v.put32(index);
-        v.put32(0); // cap_offset
-        v.put64(size);
-        v.put64(0); // offset: regions are accessed by message, not mmapped
-        Ok(v)
+        let (flags, size) = self.device.region_info(req.index).unwrap_or((0, 0));
+        let mut info = RegionInfo {
+            argsz: RegionInfo::LEN as u32,
+            flags,
+            index: req.index,
+            cap_offset: 0,
+            size,
+            offset: 0,
+        };
+        let Some(m) = self.device.region_mmap(req.index).filter(|_| size > 0) else {
+            return ok(info.to_bytes(&[]));
+        };
+        info.flags |= uapi::VFIO_REGION_INFO_FLAG_MMAP;
+        info.offset = m.offset;
+        let caps = if m.areas.is_empty() {
+            Vec::new()
+        } else {
+            info.flags |= uapi::VFIO_REGION_INFO_FLAG_CAPS;
+            sparse_mmap_cap(&m.areas)
+        };
+        info.argsz = (RegionInfo::LEN + caps.len()) as u32;
+        // The chain goes only where the client made room for it; argsz tells it what it needs.
+        let room = req.argsz >= info.argsz;
+        if room && !caps.is_empty() {
+            info.cap_offset = RegionInfo::LEN as u32;
+        }
+        Reply {
+            payload: info.to_bytes(if room { &caps } else { &[] }),
+            error: None,
+            fds: vec![m.file.as_raw_fd()],
+        }
+    }
+
+    fn region_io_fds(&mut self, p: &[u8]) -> Reply {
+        let Ok((req, rest)) = IoFdsHead::parse(p) else {
+            return err(libc::EINVAL);
+        };
+        if !rest.is_empty() || (req.argsz as usize) < IoFdsHead::LEN {
+            return err(libc::EINVAL);
+        }
+        let (_, regions, _) = self.device.device_info();
+        if req.index >= regions {
+            return err(libc::EINVAL);
+        }
+        let fds = self.device.region_io_fds(req.index);
+        if fds.len() > MAX_MSG_FDS {
+            return err(libc::E2BIG);
+        }
+        let entries: Vec<IoFdEntry> = fds
+            .iter()
+            .zip(0u32..)
+            .map(|(f, i)| IoFdEntry {
+                offset: f.offset,
+                size: f.size,
+                fd_index: i,
+                kind: IO_FD_IOEVENTFD,
+                flags: if f.datamatch.is_some() {
+                    IO_FD_DATAMATCH
+                } else {
+                    0
+                },
+                padding: 0,
+                datamatch: f.datamatch.unwrap_or(0),
+            })
+            .collect();
+        let head = IoFdsHead {
+            argsz: (IoFdsHead::LEN + IoFdEntry::LEN * entries.len()) as u32,
+            flags: 0,
+            index: req.index,
+            count: entries.len() as u32,
+        };
+        // Too little room: the count and the size needed, no entries and no descriptors.
+        if req.argsz < head.argsz {
+            return ok(head.to_bytes(&[]));
+        }
+        Reply {
+            payload: head.to_bytes(&entries),
+            error: None,
+            fds: fds.iter().map(|f| f.file.as_raw_fd()).collect(),
+        }
     }
 
     fn irq_info(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
@@ -433,14 +652,51 @@ impl<D: UserDevice> Server<D> {
         Ok(a.to_bytes(&data))
     }
 
-    fn region_write(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
+    fn region_write(
+        &mut self,
+        p: &[u8],
+        stream: &mut UnixStream,
+        broken: &mut Option<io::Error>,
+    ) -> Result<Vec<u8>, Errno> {
         let (a, data) = RegionAccess::parse(p).map_err(|_| libc::EINVAL)?;
         if data.len() != a.count as usize {
             return Err(libc::EINVAL);
         }
         self.checked_access(a)?;
-        self.device.region_write(a.region, a.offset, data)?;
+        self.write_with_dma((a.region, a.offset, data), stream, broken)?;
         Ok(a.to_bytes(&[]))
+    }
+
+    /// REGION_WRITE_MULTI: every write is checked before the first is made; the writes are then
+    /// made in order, stopping at the first the device refuses. The reply carries `wr_cnt`.
+    fn region_write_multi(
+        &mut self,
+        p: &[u8],
+        stream: &mut UnixStream,
+        broken: &mut Option<io::Error>,
+    ) -> Result<Vec<u8>, Errno> {
+        let writes = WriteMultiEntry::parse_request(p).map_err(|_| libc::EINVAL)?;
+        for w in &writes {
+            if !(1..=8).contains(&w.count) {
+                return Err(libc::EINVAL);
+            }
+            self.checked_access(RegionAccess {
+                offset: w.offset,
+                region: w.region,
+                count: w.count,
+            })?;
+        }
+        for w in &writes {
+            let bytes = w.data.to_le_bytes();
+            self.write_with_dma(
+                (w.region, w.offset, &bytes[..w.count as usize]),
+                stream,
+                broken,
+            )?;
+        }
+        let mut v = Vec::new();
+        v.put64(writes.len() as u64);
+        Ok(v)
     }
 
     fn feature(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
@@ -601,8 +857,171 @@ impl<D: UserDevice> Server<D> {
         }
         self.dma.clear();
         self.mem = None;
+        self.pending.clear();
+        self.client_xfer = u64::from(MAX_DATA_XFER);
         self.device.dma_changed(None);
+        if self.device.remote_dma() {
+            self.device.remote_dma_changed(&[]);
+        }
     }
+}
+
+/// The client's `max_data_xfer_size` from its VERSION capabilities (JSON text, NUL-terminated):
+/// the spec's default (1 MiB) when absent or unreadable, capped at what this server accepts.
+fn client_max_xfer(json: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(json);
+    let key = "\"max_data_xfer_size\"";
+    text.find(key)
+        .and_then(|i| {
+            let rest = text[i + key.len()..].trim_start().strip_prefix(':')?;
+            let digits: String = rest
+                .trim_start()
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse::<u64>().ok()
+        })
+        .filter(|&n| n > 0)
+        .map_or(u64::from(MAX_DATA_XFER), |n| {
+            n.min(u64::from(MAX_DATA_XFER))
+        })
+}
+
+/// The server's side of a device's DMA during one request: regions mapped with a descriptor
+/// through `vm-memory`, regions without one through DMA_READ / DMA_WRITE on the client's socket.
+struct DmaPort<'a> {
+    stream: &'a mut UnixStream,
+    mem: Option<&'a GuestMemoryMmap>,
+    dma: &'a [DmaRegion],
+    pending: &'a mut VecDeque<Pending>,
+    next_id: &'a mut u16,
+    xfer: u64,
+    broken: &'a mut Option<io::Error>,
+}
+
+impl DmaPort<'_> {
+    /// The region that holds `address..address+len` wholly, if one does.
+    fn region(&self, address: u64, len: usize) -> Option<&DmaRegion> {
+        let end = address.checked_add(len as u64)?;
+        self.dma
+            .iter()
+            .find(|r| r.address <= address && end <= r.address + r.size)
+    }
+
+    /// Sends one DMA_READ / DMA_WRITE and waits for its reply; client commands that arrive
+    /// meanwhile are queued. Returns the reply's payload, or the errno of an error reply.
+    fn exchange(&mut self, command: Command, payload: &[u8]) -> Result<Vec<u8>, Errno> {
+        if self.broken.is_some() {
+            return Err(libc::EIO);
+        }
+        let id = *self.next_id;
+        *self.next_id = self.next_id.wrapping_add(1) | 0x8000;
+        let h = Header {
+            msg_id: id,
+            command: command as u16,
+            size: (HEADER_LEN + payload.len()) as u32,
+            flags: FLAG_COMMAND,
+            error: 0,
+        };
+        let r = self.await_reply(h, payload);
+        let _ = self.stream.set_read_timeout(None);
+        match r {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(%e, ?command, "client did not answer a DMA request");
+                *self.broken = Some(e);
+                Err(libc::EIO)
+            }
+        }
+    }
+
+    fn await_reply(&mut self, h: Header, payload: &[u8]) -> io::Result<Result<Vec<u8>, Errno>> {
+        write_message(self.stream, h, payload)?;
+        self.stream.set_read_timeout(Some(DMA_REPLY_TIMEOUT))?;
+        loop {
+            let m = recv_message(self.stream).map_err(|e| match e {
+                ServerError::Io(e) => e,
+                ServerError::Proto(p) => io::Error::new(io::ErrorKind::InvalidData, p),
+            })?;
+            if !m.head.is_reply() {
+                if self.pending.len() >= MAX_PENDING {
+                    return Err(io::Error::other(
+                        "too many commands queued behind a DMA request",
+                    ));
+                }
+                self.pending.push_back(m);
+                continue;
+            }
+            if m.head.msg_id != h.msg_id || m.head.command != h.command {
+                continue; // a reply to nothing: ignored, as elsewhere
+            }
+            if m.head.flags & FLAG_ERROR != 0 {
+                let e = i32::try_from(m.head.error).unwrap_or(libc::EIO);
+                return Ok(Err(if e == 0 { libc::EIO } else { e }));
+            }
+            return Ok(Ok(m.payload));
+        }
+    }
+}
+
+impl Dma for DmaPort<'_> {
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        let r = self.region(address, buf.len()).ok_or(libc::EFAULT)?;
+        if r.file.is_some() {
+            let mem = self.mem.ok_or(libc::EFAULT)?;
+            return mem
+                .read_slice(buf, GuestAddress(address))
+                .map_err(|_| libc::EFAULT);
+        }
+        let mut at = address;
+        for chunk in buf.chunks_mut(self.xfer as usize) {
+            let a = DmaAccess {
+                address: at,
+                count: chunk.len() as u64,
+            };
+            let reply = self.exchange(Command::DmaRead, &a.to_bytes(&[]))?;
+            let (got, data) = DmaAccess::parse(&reply).map_err(|_| libc::EIO)?;
+            if got != a || data.len() != chunk.len() {
+                return Err(libc::EIO);
+            }
+            chunk.copy_from_slice(data);
+            at += a.count;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, address: u64, data: &[u8]) -> Result<(), Errno> {
+        let r = self.region(address, data.len()).ok_or(libc::EFAULT)?;
+        if r.file.is_some() {
+            let mem = self.mem.ok_or(libc::EFAULT)?;
+            return mem
+                .write_slice(data, GuestAddress(address))
+                .map_err(|_| libc::EFAULT);
+        }
+        let mut at = address;
+        for chunk in data.chunks(self.xfer as usize) {
+            let a = DmaAccess {
+                address: at,
+                count: chunk.len() as u64,
+            };
+            let reply = self.exchange(Command::DmaWrite, &a.to_bytes(chunk))?;
+            let (got, rest) = DmaAccess::parse(&reply).map_err(|_| libc::EIO)?;
+            if got != a || !rest.is_empty() {
+                return Err(libc::EIO);
+            }
+            at += a.count;
+        }
+        Ok(())
+    }
+}
+
+/// Receives one message: its header, the file descriptors that came with it, and its payload.
+pub(crate) fn recv_message(stream: &mut UnixStream) -> Result<Pending, ServerError> {
+    let (head, fds) = recv_header(stream)?;
+    let head = Header::parse(&head, MAX_MSG_SIZE)?;
+    let mut payload = vec![0u8; head.payload_len()];
+    stream.read_exact(&mut payload)?;
+    Ok(Pending { head, payload, fds })
 }
 
 /// Receives exactly one header and the file descriptors that came with it.
@@ -632,6 +1051,16 @@ fn recv_header(stream: &mut UnixStream) -> io::Result<([u8; HEADER_LEN], Vec<Fil
     Ok((head, fds))
 }
 
+/// Writes one message (header and payload) in one piece.
+pub(crate) fn write_message(stream: &mut UnixStream, h: Header, payload: &[u8]) -> io::Result<()> {
+    let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
+    msg.extend_from_slice(&h.to_bytes());
+    msg.extend_from_slice(payload);
+    stream.write_all(&msg)
+}
+
+/// Sends the reply to `cmd`, with the descriptors the reply carries (they go with its first
+/// bytes).
 fn send(stream: &mut UnixStream, cmd: Header, r: &Reply) -> io::Result<()> {
     let h = Header {
         msg_id: cmd.msg_id,
@@ -640,9 +1069,15 @@ fn send(stream: &mut UnixStream, cmd: Header, r: &Reply) -> io::Result<()> {
         flags: FLAG_REPLY | if r.error.is_some() { FLAG_ERROR } else { 0 },
         error: r.error.map_or(0, |e| e as u32),
     };
+    if r.fds.is_empty() || r.error.is_some() {
+        return write_message(stream, h, &r.payload);
+    }
     let mut msg = h.to_bytes().to_vec();
     msg.extend_from_slice(&r.payload);
-    stream.write_all(&msg)
+    let n = stream
+        .send_with_fds(&[&msg[..]], &r.fds)
+        .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+    stream.write_all(&msg[n..])
 }
 
 /// The errno a DMA logging failure answers with: EINVAL for what the request got wrong

@@ -1,6 +1,7 @@
 //! gmig's vfio-user server and client against each other: the base protocol with a small test
-//! device (DMA into the client's own memory, IRQs through passed descriptors), migration v2 between
-//! two servers over their sockets, and bad input (each refused with the right errno, or the
+//! device (DMA into the client's own memory, by descriptor or by DMA_READ / DMA_WRITE messages;
+//! IRQs through passed descriptors; a sparse-mmap region; an ioeventfd), migration v2 between two
+//! servers over their sockets, and bad input (each refused with the right errno, or the
 //! connection closed, the server serving the next client with the device intact).
 
 use std::fs::File;
@@ -11,11 +12,14 @@ use std::path::PathBuf;
 use std::thread::{self, JoinHandle};
 
 use gmig_qemu_bridge::client::{Client, ClientError};
-use gmig_qemu_bridge::proto::{Command, Header, FLAG_COMMAND, HEADER_LEN};
-use gmig_qemu_bridge::server::{Errno, Server, UserDevice};
+use gmig_qemu_bridge::proto::{
+    Command, DmaAccess, Header, RegionAccess, SparseArea, WriteMultiEntry, FLAG_COMMAND,
+    FLAG_ERROR, FLAG_REPLY, HEADER_LEN,
+};
+use gmig_qemu_bridge::server::{Dma, Errno, IoEventFd, RegionMmap, Server, UserDevice};
 use gmig_vfio_migration::testdev::BlobDevice;
 use gmig_vfio_migration::{DeviceState, MigrationFeatures, MigrationHandle};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 const CONFIG: u32 = 7;
 const BAR0: u32 = 0;
@@ -23,6 +27,19 @@ const BAR0: u32 = 0;
 const REG_DMA: u64 = 0;
 /// A BAR0 write here raises vector 0 of MSI (IRQ index 1).
 const REG_IRQ: u64 = 8;
+/// A BAR0 write of an 8-byte address here makes the device read 4 bytes there (DMA) into BAR0 at
+/// `COPY_SLOT`.
+const REG_COPY: u64 = 16;
+const COPY_SLOT: u64 = 0x100;
+/// A BAR0 write of a 4-byte length here makes the device write that many pattern bytes at
+/// `DMA_TARGET`.
+const REG_FILL: u64 = 24;
+/// BAR0 register that counts the doorbell (ioeventfd) signals the device has seen.
+const REG_DOORBELLS: u64 = 32;
+/// The ioeventfd's offset in BAR0.
+const DOORBELL: u64 = 0x200;
+/// BAR1: 8 KiB backed by a file; its second page may be mapped by the client.
+const BAR1: u32 = 1;
 const DMA_BASE: u64 = 0x1_0000_0000;
 const DMA_TARGET: u64 = DMA_BASE + 0x2010;
 
@@ -33,6 +50,16 @@ struct TestDevice {
     irq: Vec<File>,
     resets: u32,
     mig: MigrationHandle<BlobDevice>,
+    accept_remote: bool,
+    remote: Vec<(u64, u64)>,
+    bar1: File,
+    /// The device's end of the doorbell and the end handed to clients.
+    doorbell: (UnixStream, File),
+    doorbells: u64,
+}
+
+fn pattern(i: usize) -> u8 {
+    (i * 7 + 3) as u8
 }
 
 impl TestDevice {
@@ -52,6 +79,20 @@ impl TestDevice {
                 MigrationFeatures::ALL,
             ))
             .unwrap(),
+            accept_remote: true,
+            remote: Vec::new(),
+            bar1: {
+                let f = tempfile::tempfile().unwrap();
+                f.set_len(8192).unwrap();
+                f
+            },
+            doorbell: {
+                // A socket pair stands in for an eventfd: a signal is an 8-byte write.
+                let (dev, client) = UnixStream::pair().unwrap();
+                dev.set_nonblocking(true).unwrap();
+                (dev, File::from(std::os::fd::OwnedFd::from(client)))
+            },
+            doorbells: 0,
         }
     }
 }
@@ -64,11 +105,22 @@ impl UserDevice for TestDevice {
     fn region_info(&self, index: u32) -> Option<(u32, u64)> {
         match index {
             BAR0 => Some((3, 4096)),
+            BAR1 => Some((3, 8192)),
             CONFIG => Some((3, 256)),
             _ => None,
         }
     }
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
+        if index == BAR1 {
+            return self.bar1.read_exact_at(data, offset).map_err(|_| libc::EIO);
+        }
+        if index == BAR0 && offset == REG_DOORBELLS {
+            let mut signal = [0u8; 8];
+            while (&self.doorbell.0).read_exact(&mut signal).is_ok() {
+                self.doorbells += 1;
+            }
+            self.bar[REG_DOORBELLS as usize..][..8].copy_from_slice(&self.doorbells.to_le_bytes());
+        }
         let src: &[u8] = if index == CONFIG {
             &self.config
         } else {
@@ -79,10 +131,8 @@ impl UserDevice for TestDevice {
         Ok(())
     }
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
-        if index == BAR0 && offset == REG_DMA {
-            let mem = self.mem.as_ref().ok_or(libc::EIO)?;
-            mem.write_slice(b"gmig", GuestAddress(DMA_TARGET))
-                .map_err(|_| libc::EFAULT)?;
+        if index == BAR1 {
+            return self.bar1.write_all_at(data, offset).map_err(|_| libc::EIO);
         }
         if index == BAR0 && offset == REG_IRQ {
             let f = self.irq.first_mut().ok_or(libc::EIO)?;
@@ -115,15 +165,79 @@ impl UserDevice for TestDevice {
     fn migration(&mut self) -> Option<&mut MigrationHandle<BlobDevice>> {
         Some(&mut self.mig)
     }
+    fn region_write_dma(
+        &mut self,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+        dma: &mut dyn Dma,
+    ) -> Result<(), Errno> {
+        if index == BAR0 {
+            let value = |n: usize| {
+                let mut b = [0u8; 8];
+                b[..n.min(data.len())].copy_from_slice(&data[..n.min(data.len())]);
+                u64::from_le_bytes(b)
+            };
+            match offset {
+                REG_DMA => dma.write(DMA_TARGET, b"gmig")?,
+                REG_COPY => {
+                    let mut got = [0u8; 4];
+                    dma.read(value(8), &mut got)?;
+                    self.bar[COPY_SLOT as usize..][..4].copy_from_slice(&got);
+                }
+                REG_FILL => {
+                    let fill: Vec<u8> = (0..value(4) as usize).map(pattern).collect();
+                    dma.write(DMA_TARGET, &fill)?;
+                }
+                _ => {}
+            }
+        }
+        self.region_write(index, offset, data)
+    }
+    fn remote_dma(&self) -> bool {
+        self.accept_remote
+    }
+    fn remote_dma_changed(&mut self, ranges: &[(u64, u64)]) {
+        self.remote = ranges.to_vec();
+    }
+    fn region_mmap(&self, index: u32) -> Option<RegionMmap<'_>> {
+        (index == BAR1).then(|| RegionMmap {
+            file: &self.bar1,
+            offset: 0,
+            areas: vec![SparseArea {
+                offset: 4096,
+                size: 4096,
+            }],
+        })
+    }
+    fn region_io_fds(&self, index: u32) -> Vec<IoEventFd<'_>> {
+        if index != BAR0 {
+            return Vec::new();
+        }
+        vec![IoEventFd {
+            offset: DOORBELL,
+            size: 4,
+            datamatch: None,
+            file: &self.doorbell.1,
+        }]
+    }
 }
 
 /// A server on a fresh socket, serving `clients` clients in turn, returning the device.
 fn spawn(seed: u64, clients: usize) -> (PathBuf, JoinHandle<TestDevice>, tempfile::TempDir) {
+    spawn_device(TestDevice::new(seed), clients)
+}
+
+/// A server for `dev` on a fresh socket, serving `clients` clients in turn.
+fn spawn_device(
+    dev: TestDevice,
+    clients: usize,
+) -> (PathBuf, JoinHandle<TestDevice>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vfio-user.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let t = thread::spawn(move || {
-        let mut server = Server::new(TestDevice::new(seed));
+        let mut server = Server::new(dev);
         for _ in 0..clients {
             let (s, _) = listener.accept().unwrap();
             server.serve(s).ok();
@@ -185,9 +299,10 @@ fn base_protocol_regions_dma_into_client_memory_irqs_and_reset() {
     c.reset().unwrap();
     assert_eq!(c.region_read(BAR0, 0x40, 4).unwrap(), [0, 0, 0, 0]);
     c.dma_unmap(DMA_BASE, 0x8000).unwrap();
+    // Nothing mapped there any more: the device's DMA faults.
     assert_eq!(
         refused(c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0])),
-        libc::EIO
+        libc::EFAULT
     );
     drop(c);
     let dev = server.join().unwrap();
@@ -199,10 +314,8 @@ fn base_protocol_regions_dma_into_client_memory_irqs_and_reset() {
 fn bad_requests_get_the_right_errno_and_the_connection_survives() {
     let (path, server, _dir) = spawn(2, 1);
     let mut c = Client::connect(&path).unwrap();
-    assert_eq!(
-        refused(c.request(Command::DmaRead, &[], &[])),
-        libc::ENOTSUP
-    );
+    // DMA_READ / DMA_WRITE go from server to client, never the other way.
+    assert_eq!(refused(c.request(Command::DmaRead, &[], &[])), libc::EINVAL);
     assert_eq!(refused(c.region_read(BAR0, 4094, 4)), libc::EINVAL);
     assert_eq!(refused(c.region_read(BAR0, u64::MAX - 1, 4)), libc::EINVAL);
     assert_eq!(refused(c.region_read(3, 0, 4)), libc::EINVAL);
@@ -214,10 +327,11 @@ fn bad_requests_get_the_right_errno_and_the_connection_survives() {
     let ram = tempfile::tempfile().unwrap();
     ram.set_len(0x10_0000).unwrap();
     c.dma_map(&ram, 0, DMA_BASE, 0x8000).unwrap();
-    // Overlapping, wrapping, unaligned, past the end of the file, and without a descriptor.
+    // Overlapping (EEXIST, as the specification says), wrapping, unaligned, past the end of the
+    // file.
     assert_eq!(
         refused(c.dma_map(&ram, 0, DMA_BASE + 0x4000, 0x8000)),
-        libc::EINVAL
+        libc::EEXIST
     );
     assert_eq!(
         refused(c.dma_map(&ram, 0, u64::MAX - 0xfff, 0x2000)),
@@ -230,17 +344,6 @@ fn bad_requests_get_the_right_errno_and_the_connection_survives() {
     assert_eq!(
         refused(c.dma_map(&ram, 0xf_f000, DMA_BASE + 0x20_0000, 0x2000)),
         libc::EINVAL
-    );
-    let m = gmig_qemu_bridge::proto::DmaMap {
-        argsz: 32,
-        flags: 3,
-        offset: 0,
-        address: DMA_BASE + 0x40_0000,
-        size: 0x1000,
-    };
-    assert_eq!(
-        refused(c.request(Command::DmaMap, &m.to_bytes(), &[])),
-        libc::ENOTSUP
     );
     // A descriptor where none belongs.
     assert_eq!(
@@ -366,4 +469,373 @@ fn two_servers_migrate_a_changing_device_over_their_sockets() {
     drop((s, d));
     let (a, b) = (src.join().unwrap(), dst.join().unwrap());
     assert_eq!(a.mig.device().blob(), b.mig.device().blob());
+}
+
+/// Memory the client keeps (mapped without a descriptor) is reached by DMA_READ / DMA_WRITE
+/// messages the client serves while it waits for its own replies; large transfers are split at
+/// the client's `max_data_xfer_size`; descriptor-backed and message-backed regions mix.
+#[test]
+fn dma_without_a_descriptor_goes_by_dma_read_and_write_messages() {
+    let (path, server, _dir) = spawn(7, 1);
+    let mut c = Client::connect(&path).unwrap();
+    c.dma_map_local(DMA_BASE, 4 << 20).unwrap();
+    c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0]).unwrap();
+    assert_eq!(c.local_memory(DMA_TARGET, 4).unwrap(), b"gmig");
+    assert_eq!(c.dma_requests_served(), 1);
+
+    // The device reads the client's memory.
+    c.local_memory_mut(DMA_BASE + 0x40, 4)
+        .unwrap()
+        .copy_from_slice(b"abcd");
+    c.region_write(BAR0, REG_COPY, &(DMA_BASE + 0x40).to_le_bytes())
+        .unwrap();
+    assert_eq!(c.region_read(BAR0, COPY_SLOT, 4).unwrap(), b"abcd");
+    assert_eq!(c.dma_requests_served(), 2);
+
+    // 2.5 MiB + 3 bytes: three DMA_WRITE messages of at most 1 MiB each.
+    let len = (5 << 19) + 3;
+    c.region_write(BAR0, REG_FILL, &(len as u32).to_le_bytes())
+        .unwrap();
+    assert_eq!(c.dma_requests_served(), 5);
+    let got = c.local_memory(DMA_TARGET, len).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+
+    // A descriptor-backed region beside it is reached in place, with no message.
+    let ram = tempfile::tempfile().unwrap();
+    ram.set_len(0x10_0000).unwrap();
+    ram.write_all_at(b"file", 0x80).unwrap();
+    c.dma_map(&ram, 0, DMA_BASE + (16 << 20), 0x1_0000).unwrap();
+    c.region_write(
+        BAR0,
+        REG_COPY,
+        &(DMA_BASE + (16 << 20) + 0x80).to_le_bytes(),
+    )
+    .unwrap();
+    assert_eq!(c.region_read(BAR0, COPY_SLOT, 4).unwrap(), b"file");
+    assert_eq!(c.dma_requests_served(), 5);
+
+    // Outside every mapping, and straddling the end of one: EFAULT, and nothing sent.
+    assert_eq!(
+        refused(c.region_write(BAR0, REG_COPY, &0x10u64.to_le_bytes())),
+        libc::EFAULT
+    );
+    assert_eq!(
+        refused(c.region_write(BAR0, REG_COPY, &(DMA_BASE + (4 << 20) - 2).to_le_bytes())),
+        libc::EFAULT
+    );
+    assert_eq!(c.dma_requests_served(), 5);
+    c.dma_unmap(DMA_BASE, 4 << 20).unwrap();
+    assert!(c.local_memory(DMA_BASE, 4).is_none());
+    assert_eq!(
+        refused(c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0])),
+        libc::EFAULT
+    );
+    drop(c);
+    let dev = server.join().unwrap();
+    assert!(
+        dev.remote.is_empty(),
+        "remote ranges are dropped with the client"
+    );
+}
+
+#[test]
+fn a_device_that_needs_descriptors_refuses_a_map_without_one() {
+    let mut dev = TestDevice::new(8);
+    dev.accept_remote = false;
+    let (path, server, _dir) = spawn_device(dev, 1);
+    let mut c = Client::connect(&path).unwrap();
+    assert_eq!(refused(c.dma_map_local(DMA_BASE, 0x1000)), libc::ENOTSUP);
+    drop(c);
+    assert!(server.join().unwrap().remote.is_empty());
+}
+
+fn send_raw(s: &mut UnixStream, id: u16, c: Command, flags: u32, error: u32, p: &[u8]) {
+    let h = Header {
+        msg_id: id,
+        command: c as u16,
+        size: (HEADER_LEN + p.len()) as u32,
+        flags,
+        error,
+    };
+    let mut m = h.to_bytes().to_vec();
+    m.extend_from_slice(p);
+    s.write_all(&m).unwrap();
+}
+
+fn read_raw(s: &mut UnixStream) -> (Header, Vec<u8>) {
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).unwrap();
+    let h = Header::parse(&head, 4 << 20).unwrap();
+    let mut p = vec![0u8; h.payload_len()];
+    s.read_exact(&mut p).unwrap();
+    (h, p)
+}
+
+/// A raw client: VERSION and a DMA map without a descriptor at `DMA_BASE`.
+fn raw_with_remote_map(path: &std::path::Path) -> UnixStream {
+    let mut s = raw(path);
+    let mut v = vec![0, 0, 2, 0];
+    v.extend_from_slice(b"{}\0");
+    send_raw(&mut s, 1, Command::Version, FLAG_COMMAND, 0, &v);
+    assert!(read_raw(&mut s).0.is_reply());
+    let m = gmig_qemu_bridge::proto::DmaMap {
+        argsz: 32,
+        flags: 3,
+        offset: 0,
+        address: DMA_BASE,
+        size: 0x1000,
+    };
+    send_raw(&mut s, 2, Command::DmaMap, FLAG_COMMAND, 0, &m.to_bytes());
+    let (h, _) = read_raw(&mut s);
+    assert_eq!(h.flags & FLAG_ERROR, 0);
+    s
+}
+
+/// While the server waits for the reply to its DMA_READ, a client may pipeline commands (they are
+/// handled afterwards, in order), answer with an error (the device's access fails with that
+/// errno), answer wrongly (EIO), or vanish (the session ends, the device runs on for the next
+/// client).
+#[test]
+fn a_client_that_pipelines_errs_or_vanishes_during_a_dma_request() {
+    let (path, server, _dir) = spawn(9, 2);
+    let mut s = raw_with_remote_map(&path);
+    let copy = RegionAccess {
+        offset: REG_COPY,
+        region: BAR0,
+        count: 8,
+    };
+    let info = [16u32, 0, 0, 0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect::<Vec<u8>>();
+    // 1. REGION_WRITE that DMAs, with DEVICE_GET_INFO pipelined behind it; the DMA_READ is
+    //    answered with an error.
+    send_raw(
+        &mut s,
+        3,
+        Command::RegionWrite,
+        FLAG_COMMAND,
+        0,
+        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
+    );
+    send_raw(&mut s, 4, Command::DeviceGetInfo, FLAG_COMMAND, 0, &info);
+    let (h, p) = read_raw(&mut s);
+    assert_eq!(h.command, Command::DmaRead as u16);
+    assert!(!h.is_reply());
+    let (a, rest) = DmaAccess::parse(&p).unwrap();
+    assert_eq!((a.address, a.count, rest.len()), (DMA_BASE, 4, 0));
+    send_raw(
+        &mut s,
+        h.msg_id,
+        Command::DmaRead,
+        FLAG_REPLY | FLAG_ERROR,
+        libc::EPERM as u32,
+        &[],
+    );
+    let (h3, _) = read_raw(&mut s);
+    assert_eq!((h3.msg_id, h3.error), (3, libc::EPERM as u32));
+    let (h4, p4) = read_raw(&mut s);
+    assert_eq!((h4.msg_id, h4.flags & FLAG_ERROR, p4.len()), (4, 0, 16));
+
+    // 2. A reply with the wrong count: EIO.
+    send_raw(
+        &mut s,
+        5,
+        Command::RegionWrite,
+        FLAG_COMMAND,
+        0,
+        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
+    );
+    let (h, _) = read_raw(&mut s);
+    let bad = DmaAccess {
+        address: DMA_BASE,
+        count: 3,
+    }
+    .to_bytes(b"xyz");
+    send_raw(&mut s, h.msg_id, Command::DmaRead, FLAG_REPLY, 0, &bad);
+    let (h5, _) = read_raw(&mut s);
+    assert_eq!((h5.msg_id, h5.error), (5, libc::EIO as u32));
+
+    // 3. A good answer.
+    send_raw(
+        &mut s,
+        6,
+        Command::RegionWrite,
+        FLAG_COMMAND,
+        0,
+        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
+    );
+    let (h, _) = read_raw(&mut s);
+    let good = DmaAccess {
+        address: DMA_BASE,
+        count: 4,
+    }
+    .to_bytes(b"wxyz");
+    send_raw(&mut s, h.msg_id, Command::DmaRead, FLAG_REPLY, 0, &good);
+    let (h6, _) = read_raw(&mut s);
+    assert_eq!((h6.msg_id, h6.flags & FLAG_ERROR), (6, 0));
+
+    // 4. The client vanishes instead of answering.
+    send_raw(
+        &mut s,
+        7,
+        Command::RegionWrite,
+        FLAG_COMMAND,
+        0,
+        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
+    );
+    let (h, _) = read_raw(&mut s);
+    assert_eq!(h.command, Command::DmaRead as u16);
+    drop(s);
+
+    // The next client is served; the device kept what the good answer brought.
+    let mut c = Client::connect(&path).unwrap();
+    assert_eq!(c.region_read(BAR0, COPY_SLOT, 4).unwrap(), b"wxyz");
+    assert_eq!(c.device_state().unwrap(), DeviceState::Running as u32);
+    drop(c);
+    let dev = server.join().unwrap();
+    assert!(dev.remote.is_empty());
+}
+
+/// A mappable region: its descriptor comes with the region-info reply and the sparse-mmap
+/// capability names the part that may be mapped; what the client writes through the descriptor
+/// the device reads, and back. An ioeventfd from GET_REGION_IO_FDS signals the device without a
+/// REGION_WRITE.
+#[test]
+fn sparse_mmap_region_and_ioeventfd_reach_the_device_without_messages() {
+    let (path, server, _dir) = spawn(10, 1);
+    let mut c = Client::connect(&path).unwrap();
+    let d = c.region_details(BAR1).unwrap();
+    assert_eq!(d.flags, 1 | 2 | 4 | 8, "READ | WRITE | MMAP | CAPS");
+    assert_eq!(d.size, 8192);
+    assert_eq!(
+        d.sparse.as_deref(),
+        Some(
+            &[SparseArea {
+                offset: 4096,
+                size: 4096
+            }][..]
+        )
+    );
+    let f = d.file.expect("the region's descriptor");
+    f.write_all_at(b"mmap", d.offset + 4096).unwrap();
+    assert_eq!(c.region_read(BAR1, 4096, 4).unwrap(), b"mmap");
+    c.region_write(BAR1, 4100, b"back").unwrap();
+    let mut got = [0u8; 4];
+    f.read_exact_at(&mut got, d.offset + 4100).unwrap();
+    assert_eq!(&got, b"back");
+    // A region that is not mappable says so.
+    let d0 = c.region_details(BAR0).unwrap();
+    assert!(d0.file.is_none() && d0.sparse.is_none() && d0.flags & 4 == 0);
+
+    // Too little room: the reply says how much the chain needs, and names no capability.
+    let small = gmig_qemu_bridge::proto::RegionInfo {
+        argsz: 32,
+        flags: 0,
+        index: BAR1,
+        cap_offset: 0,
+        size: 0,
+        offset: 0,
+    };
+    let (r, _) = c
+        .request_fds(Command::DeviceGetRegionInfo, &small.to_bytes(&[]), &[])
+        .unwrap();
+    let (info, rest) = gmig_qemu_bridge::proto::RegionInfo::parse(&r).unwrap();
+    assert_eq!((info.argsz, info.cap_offset, rest.len()), (64, 0, 0));
+
+    // The doorbell: two signals through the descriptor, counted by the device.
+    let fds = c.region_io_fds(BAR0).unwrap();
+    assert_eq!(fds.len(), 1);
+    let (e, mut bell) = fds.into_iter().next().unwrap();
+    assert_eq!((e.offset, e.size, e.kind, e.flags), (DOORBELL, 4, 0, 0));
+    bell.write_all(&1u64.to_le_bytes()).unwrap();
+    bell.write_all(&1u64.to_le_bytes()).unwrap();
+    let n = c.region_read(BAR0, REG_DOORBELLS, 8).unwrap();
+    assert_eq!(u64::from_le_bytes(n.try_into().unwrap()), 2);
+    assert!(c.region_io_fds(BAR1).unwrap().is_empty());
+    assert_eq!(refused(c.region_io_fds(99)), libc::EINVAL);
+    // Too little room for the entries: count and the size they need, no descriptors.
+    let head = gmig_qemu_bridge::proto::IoFdsHead {
+        argsz: 16,
+        flags: 0,
+        index: BAR0,
+        count: 0,
+    };
+    let (r, fds) = c
+        .request_fds(Command::DeviceGetRegionIoFds, &head.to_bytes(&[]), &[])
+        .unwrap();
+    let (h, rest) = gmig_qemu_bridge::proto::IoFdsHead::parse(&r).unwrap();
+    assert_eq!((h.argsz, h.count, rest.len(), fds.len()), (56, 1, 0, 0));
+    drop(c);
+    assert_eq!(server.join().unwrap().doorbells, 2);
+}
+
+/// REGION_WRITE_MULTI: every write checked first, then made in order; a bad one refuses all.
+#[test]
+fn region_write_multi_checks_every_write_then_makes_them_in_order() {
+    let (path, server, _dir) = spawn(11, 1);
+    let mut c = Client::connect(&path).unwrap();
+    assert!(c.capabilities.contains("\"write_multiple\":true"));
+    let w = |offset, count, data| WriteMultiEntry {
+        offset,
+        region: BAR0,
+        count,
+        data,
+    };
+    let n = c
+        .region_write_multi(&[
+            w(0x40, 4, 0x4433_2211),
+            w(0x44, 2, 0x6655),
+            w(0x40, 1, 0xaa),
+        ])
+        .unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(
+        c.region_read(BAR0, 0x40, 8).unwrap(),
+        [0xaa, 0x22, 0x33, 0x44, 0x55, 0x66, 0, 0]
+    );
+    // A write of 9 bytes, or past the region's end, refuses the whole request: nothing changes.
+    assert_eq!(
+        refused(c.region_write_multi(&[w(0x48, 4, 1), w(0x4c, 9, 1)])),
+        libc::EINVAL
+    );
+    assert_eq!(
+        refused(c.region_write_multi(&[w(0x48, 4, 1), w(4094, 4, 1)])),
+        libc::EINVAL
+    );
+    assert_eq!(c.region_read(BAR0, 0x48, 4).unwrap(), [0, 0, 0, 0]);
+    // A count past the most a request carries.
+    let mut big = 201u64.to_le_bytes().to_vec();
+    big.resize(8 + 201 * 24, 0);
+    assert_eq!(
+        refused(c.request(Command::RegionWriteMulti, &big, &[])),
+        libc::EINVAL
+    );
+    drop(c);
+    server.join().unwrap();
+}
+
+/// The rust-vmm `vfio_user` client (cloud-hypervisor's) reads the sparse-mmap capability and the
+/// region's descriptor from gmig's server.
+#[test]
+fn rust_vmm_client_maps_the_sparse_region() {
+    let (path, server, _dir) = spawn(12, 1);
+    let c = vfio_user::Client::new(&path).unwrap();
+    let r = c.region(BAR1).expect("region 1");
+    assert_eq!(r.size, 8192);
+    assert_eq!(r.sparse_areas.len(), 1);
+    assert_eq!(
+        (r.sparse_areas[0].offset, r.sparse_areas[0].size),
+        (4096, 4096)
+    );
+    let fo = r
+        .file_offset
+        .as_ref()
+        .expect("a descriptor for the mappable region");
+    fo.file().write_all_at(b"peer", fo.start() + 4096).unwrap();
+    drop(c);
+    let mut dev = server.join().unwrap();
+    let mut got = [0u8; 4];
+    dev.region_read(BAR1, 4096, &mut got).unwrap();
+    assert_eq!(&got, b"peer");
 }
