@@ -2,5 +2,5 @@
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    gmig_test_support::fuzz::vfio_user_session(data);
+    let _ = gmig_test_support::fuzz::vfio_user_session(data);
 });

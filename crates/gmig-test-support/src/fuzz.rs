@@ -170,11 +170,20 @@ pub fn vgpu_resume(data: &[u8]) -> bool {
     false
 }
 
-/// A small device for the vfio-user harness: one 4 KiB BAR, config space, a blob that migrates.
+/// A small device for the vfio-user harness: one 4 KiB BAR, config space, a blob that migrates;
+/// it accepts DMA regions without a descriptor, DMAs on two BAR registers (a write of an address
+/// at 0x10 reads 16 bytes there into the BAR, at 0x18 writes 16 BAR bytes there), offers BAR0 for
+/// sparse mmap and one ioeventfd (both on `/dev/null`: only the server's handling is fuzzed).
 struct FuzzDevice {
     bar: Vec<u8>,
     mig: MigrationHandle<gmig_vfio_migration::testdev::BlobDevice>,
+    null: std::fs::File,
 }
+
+/// The FuzzDevice register that makes it DMA-read into its BAR.
+const FUZZ_REG_DMA_READ: u64 = 0x10;
+/// The FuzzDevice register that makes it DMA-write from its BAR.
+const FUZZ_REG_DMA_WRITE: u64 = 0x18;
 
 impl gmig_qemu_bridge::server::UserDevice for FuzzDevice {
     type Mig = gmig_vfio_migration::testdev::BlobDevice;
@@ -220,6 +229,53 @@ impl gmig_qemu_bridge::server::UserDevice for FuzzDevice {
     fn migration(&mut self) -> Option<&mut MigrationHandle<Self::Mig>> {
         Some(&mut self.mig)
     }
+    fn region_write_dma(
+        &mut self,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+        dma: &mut dyn gmig_qemu_bridge::server::Dma,
+    ) -> Result<(), i32> {
+        if index == 0 && data.len() == 8 {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(data);
+            let address = u64::from_le_bytes(a);
+            match offset {
+                FUZZ_REG_DMA_READ => {
+                    let mut b = [0u8; 16];
+                    dma.read(address, &mut b)?;
+                    self.bar[..16].copy_from_slice(&b);
+                }
+                FUZZ_REG_DMA_WRITE => dma.write(address, &self.bar[..16])?,
+                _ => {}
+            }
+        }
+        self.region_write(index, offset, data)
+    }
+    fn remote_dma(&self) -> bool {
+        true
+    }
+    fn region_mmap(&self, index: u32) -> Option<gmig_qemu_bridge::server::RegionMmap<'_>> {
+        (index == 0).then(|| gmig_qemu_bridge::server::RegionMmap {
+            file: &self.null,
+            offset: 0,
+            areas: vec![gmig_qemu_bridge::proto::SparseArea {
+                offset: 0,
+                size: 4096,
+            }],
+        })
+    }
+    fn region_io_fds(&self, index: u32) -> Vec<gmig_qemu_bridge::server::IoEventFd<'_>> {
+        if index != 0 {
+            return Vec::new();
+        }
+        vec![gmig_qemu_bridge::server::IoEventFd {
+            offset: 0x100,
+            size: 4,
+            datamatch: Some(1),
+            file: &self.null,
+        }]
+    }
 }
 
 fn libc_einval() -> i32 {
@@ -228,10 +284,12 @@ fn libc_einval() -> i32 {
 
 /// Plays `data` as everything a vfio-user client sends on a connection, then hangs up. The server
 /// must answer or close without panicking, and leave the device RUNNING for the next client.
-pub fn vfio_user_session(data: &[u8]) {
+/// Returns the device's BAR as the session left it.
+pub fn vfio_user_session(data: &[u8]) -> Vec<u8> {
     use std::io::{Read, Write};
     let (mut client, server_end) = std::os::unix::net::UnixStream::pair().expect("socket pair");
     let dev = FuzzDevice {
+        null: std::fs::File::open("/dev/null").expect("/dev/null"),
         bar: vec![0; 4096],
         mig: MigrationHandle::new(gmig_vfio_migration::testdev::BlobDevice::new(
             8192,
@@ -264,19 +322,26 @@ pub fn vfio_user_session(data: &[u8]) {
         Some(DeviceState::Running),
         "the device runs after the client left"
     );
+    dev.bar
 }
 
 /// A valid client session (VERSION, info, region accesses, a migration state change and a data
 /// read), as the seed of [`vfio_user_session`].
 pub fn vfio_user_seed() -> Vec<u8> {
-    use gmig_qemu_bridge::proto::{Command, Feature, Header, MigData, Put, RegionAccess};
+    use gmig_qemu_bridge::proto::{
+        Command, DmaAccess, DmaMap, Feature, Header, IoFdsHead, MigData, Put, RegionAccess,
+        RegionInfo, WriteMultiEntry, FLAG_REPLY,
+    };
     let mut out = Vec::new();
     let mut msg = |id: u16, c: Command, p: &[u8]| {
+        // The server's own requests (DMA_READ/WRITE) number from 0x8000: an id there with
+        // DMA_READ/WRITE is the client's reply to one.
+        let reply = id >= 0x8000;
         let h = Header {
             msg_id: id,
             command: c as u16,
             size: (16 + p.len()) as u32,
-            flags: 0,
+            flags: if reply { FLAG_REPLY } else { 0 },
             error: 0,
         };
         out.extend_from_slice(&h.to_bytes());
@@ -309,5 +374,65 @@ pub fn vfio_user_seed() -> Vec<u8> {
     );
     msg(6, Command::MigDataRead, &MigData::to_bytes(8, 1024, &[]));
     msg(7, Command::DeviceReset, &[]);
+    // A region without a descriptor; the device reads it (DMA_READ, answered below with a
+    // pipelined command in between) and writes it back (DMA_WRITE, answered).
+    let base = 0x1_0000_0000u64;
+    let map = DmaMap {
+        argsz: 32,
+        flags: 3,
+        offset: 0,
+        address: base,
+        size: 0x1000,
+    };
+    msg(8, Command::DmaMap, &map.to_bytes());
+    let dma = |offset| RegionAccess {
+        offset,
+        region: 0,
+        count: 8,
+    };
+    msg(
+        9,
+        Command::RegionWrite,
+        &dma(0x10).to_bytes(&base.to_le_bytes()),
+    );
+    msg(10, Command::DeviceGetInfo, &info);
+    let a = DmaAccess {
+        address: base,
+        count: 16,
+    };
+    msg(0x8000, Command::DmaRead, &a.to_bytes(&[0x5a; 16]));
+    msg(
+        11,
+        Command::RegionWrite,
+        &dma(0x18).to_bytes(&base.to_le_bytes()),
+    );
+    msg(0x8001, Command::DmaWrite, &a.to_bytes(&[]));
+    let ri = RegionInfo {
+        argsz: 128,
+        flags: 0,
+        index: 0,
+        cap_offset: 0,
+        size: 0,
+        offset: 0,
+    };
+    msg(12, Command::DeviceGetRegionInfo, &ri.to_bytes(&[]));
+    let io = IoFdsHead {
+        argsz: 128,
+        flags: 0,
+        index: 0,
+        count: 0,
+    };
+    msg(13, Command::DeviceGetRegionIoFds, &io.to_bytes(&[]));
+    let w = WriteMultiEntry {
+        offset: 0x20,
+        region: 0,
+        count: 4,
+        data: 0x1234_5678,
+    };
+    msg(
+        14,
+        Command::RegionWriteMulti,
+        &WriteMultiEntry::request(&[w, w]),
+    );
     out
 }

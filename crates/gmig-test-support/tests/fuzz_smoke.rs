@@ -106,7 +106,15 @@ fn a_resume_either_restores_or_leaves_the_held_vgpu_untouched() {
 #[test]
 fn the_vfio_user_server_answers_or_closes_and_never_panics() {
     let seed = fuzz::vfio_user_seed();
-    fuzz::vfio_user_session(&seed);
+    // The seed reaches the remote-DMA path: the device read the client's answer to its DMA_READ
+    // into its BAR (through a command pipelined in between), and WRITE_MULTI made its writes.
+    let bar = fuzz::vfio_user_session(&seed);
+    assert_eq!(
+        &bar[..16],
+        &[0x5a; 16],
+        "the DMA_READ reply reached the device"
+    );
+    assert_eq!(&bar[0x20..0x24], &0x1234_5678u32.to_le_bytes());
     for m in mutations(&seed, 200, 0xc0de) {
         fuzz::vfio_user_session(&m);
     }
