@@ -14,7 +14,7 @@ use std::path::Path;
 use gmig_vfio_migration::DeviceState;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::server::{recv_message, write_message, ServerError};
+use crate::server::{recv_message_into, write_message, ServerError};
 
 use crate::proto::{
     parse_sparse_mmap, Command, DmaAccess, DmaMap, DmaUnmap, Feature, Header, IoFdEntry, IoFdsHead,
@@ -91,6 +91,7 @@ pub struct Client {
     pub capabilities: String,
     local: Vec<LocalRegion>,
     dma_served: u64,
+    rx: Vec<u8>,
 }
 
 impl Client {
@@ -103,6 +104,7 @@ impl Client {
             capabilities: String::new(),
             local: Vec::new(),
             dma_served: 0,
+            rx: Vec::new(),
         };
         let mut v = Vec::new();
         v.put16(0);
@@ -141,6 +143,14 @@ impl Client {
         payload: &[u8],
         fds: &[&File],
     ) -> Result<(Vec<u8>, Vec<File>)> {
+        let fds = self.exchange(command, payload, fds)?;
+        Ok((self.rx.clone(), fds))
+    }
+
+    /// Sends one command and waits for its reply, whose payload is left in `self.rx` (a buffer
+    /// kept from message to message: a megabyte allocated afresh per MIG_DATA_READ costs more in
+    /// page faults than the copy).
+    fn exchange(&mut self, command: Command, payload: &[u8], fds: &[&File]) -> Result<Vec<File>> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let h = Header {
@@ -162,15 +172,19 @@ impl Client {
                 .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
             self.stream.write_all(&msg[n..])?;
         }
-        let (r, body, fds) = loop {
-            let m = recv_message(&mut self.stream).map_err(|e| match e {
-                ServerError::Io(e) => ClientError::Io(e),
-                ServerError::Proto(p) => ClientError::Proto(p),
-            })?;
-            if m.head.is_reply() {
-                break (m.head, m.payload, m.fds);
+        let (r, fds) = loop {
+            let (head, fds) =
+                recv_message_into(&mut self.stream, &mut self.rx).map_err(|e| match e {
+                    ServerError::Io(e) => ClientError::Io(e),
+                    ServerError::Proto(p) => ClientError::Proto(p),
+                })?;
+            if head.is_reply() {
+                break (head, fds);
             }
-            self.serve_dma(m.head, &m.payload)?;
+            let request = std::mem::take(&mut self.rx);
+            let served = self.serve_dma(head, &request);
+            self.rx = request;
+            served?;
         };
         if !r.is_reply() || r.msg_id != id || r.command != command as u16 {
             return Err(ClientError::Mismatch {
@@ -184,7 +198,7 @@ impl Client {
                 errno: r.error.cast_signed(),
             });
         }
-        Ok((body, fds))
+        Ok(fds)
     }
 
     /// Answers a command the server sent (DMA_READ / DMA_WRITE on the client's own memory);
@@ -516,17 +530,26 @@ impl Client {
     /// MIG_DATA_READ of at most `max` bytes: `Ok(None)` for "no data now" (`ENOMSG`), an empty
     /// vector at the end of a STOP_COPY stream.
     pub fn mig_read(&mut self, max: u32) -> Result<Option<Vec<u8>>> {
+        let mut out = Vec::new();
+        Ok(self.mig_read_into(max, &mut out)?.map(|_| out))
+    }
+
+    /// [`Client::mig_read`] into `out` (replaced; its capacity is reused): `Ok(None)` for "no
+    /// data now", `Ok(Some(0))` at the end of a STOP_COPY stream, else the bytes read.
+    pub fn mig_read_into(&mut self, max: u32, out: &mut Vec<u8>) -> Result<Option<usize>> {
         let p = MigData::to_bytes(MigData::LEN as u32, max, &[]);
-        match self.request(Command::MigDataRead, &p, &[]) {
-            Ok(r) => {
-                let (m, data) = MigData::parse(&r)?;
+        match self.exchange(Command::MigDataRead, &p, &[]) {
+            Ok(_) => {
+                let (m, data) = MigData::parse(&self.rx)?;
                 if m.size as usize != data.len() || m.size > max {
                     return Err(ClientError::Mismatch {
                         command: Command::MigDataRead,
                         what: "size",
                     });
                 }
-                Ok(Some(data.to_vec()))
+                out.clear();
+                out.extend_from_slice(data);
+                Ok(Some(data.len()))
             }
             Err(ClientError::Refused { errno, .. }) if errno == libc::ENOMSG => Ok(None),
             Err(e) => Err(e),

@@ -198,7 +198,10 @@ fn gmig_client_drives_the_rust_vmm_vfio_user_server() {
     assert_eq!(d.size, 8192);
     assert_ne!(d.flags & VFIO_REGION_INFO_FLAG_MMAP, 0);
     let areas = d.sparse.expect("the sparse-mmap capability");
-    assert_eq!((areas.len(), areas[0].offset, areas[0].size), (1, 4096, 4096));
+    assert_eq!(
+        (areas.len(), areas[0].offset, areas[0].size),
+        (1, 4096, 4096)
+    );
     let f = d.file.expect("the region's descriptor");
     let mut got = [0u8; 4];
     f.read_exact_at(&mut got, d.offset + 4096).unwrap();
@@ -233,7 +236,11 @@ fn gmig_client_drives_the_rust_vmm_vfio_user_server() {
         Err(ClientError::Refused { errno, .. }) => assert_eq!(errno, libc::EINVAL),
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert_eq!(c.region_read(0, 0x44, 4).unwrap(), [0, 0, 0, 0], "still serving");
+    assert_eq!(
+        c.region_read(0, 0x44, 4).unwrap(),
+        [0, 0, 0, 0],
+        "still serving"
+    );
     drop(c);
     t.join().unwrap();
     let seen = seen.lock().unwrap();
