@@ -9,13 +9,14 @@
 //! may use every other gmig crate.
 //!
 //! ## Status
-//! Built: the vfio-user wire format ([`proto`]), a server generic over a device backend
-//! ([`server`]: VERSION, DMA_MAP/UNMAP with file descriptors into `vm-memory`, device, region and
-//! IRQ info, SET_IRQS with passed descriptors, REGION_READ/WRITE, DEVICE_RESET, DEVICE_FEATURE for
-//! MIGRATION, MIG_DEVICE_STATE and MIG_DATA_SIZE, MIG_DATA_READ/WRITE), and a client ([`client`])
-//! that drives a migration between two servers. Not yet: the gmig vGPU as a backend and `gmig
-//! serve`, DMA regions without descriptors, GET_REGION_IO_FDS, REGION_WRITE_MULTI, DMA logging over
-//! vfio-user, QEMU's stream framing, and the interop test against the rust-vmm `vfio_user` crate.
+//! Built: the vfio-user wire format ([`proto`]); a server generic over a device backend
+//! ([`server`]: every base command — VERSION, DMA_MAP/UNMAP with file descriptors into `vm-memory`
+//! or without them through DMA_READ/WRITE to the client, device, region (mmap and sparse areas)
+//! and IRQ info, GET_REGION_IO_FDS, SET_IRQS with passed descriptors, REGION_READ/WRITE and
+//! REGION_WRITE_MULTI, DEVICE_RESET — and DEVICE_FEATURE for migration v2 and DMA logging with
+//! MIG_DATA_READ/WRITE); a client ([`client`]) that serves the server's DMA requests and drives a
+//! migration between two servers; QEMU's stream framing ([`framing`]); and the reference vGPU as a
+//! vfio-user device ([`vgpu_backend`], behind `gmig serve`). See `docs/vfio-user.md`.
 #![warn(missing_docs)]
 
 pub mod client;

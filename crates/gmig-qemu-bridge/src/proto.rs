@@ -846,6 +846,122 @@ mod tests {
         assert_eq!(&b[0..8], &[12, 0, 0, 0, 4, 0, 0, 0]);
         let (md, rest) = MigData::parse(&b).unwrap();
         assert_eq!((md.argsz, md.size, rest), (12, 4, &[9u8, 9, 9, 9][..]));
+        // DMA_READ/WRITE: address @0 (8), count @8 (8), data @16.
+        let b = DmaAccess {
+            address: 0x1_2345_6000,
+            count: 3,
+        }
+        .to_bytes(&[7, 8, 9]);
+        assert_eq!(&b[0..8], &0x1_2345_6000u64.to_le_bytes());
+        assert_eq!(&b[8..16], &3u64.to_le_bytes());
+        assert_eq!(&b[16..], &[7, 8, 9]);
+        // GET_REGION_INFO (struct vfio_region_info): argsz @0, flags @4, index @8,
+        // cap_offset @12, size @16 (8), offset @24 (8); the sparse-mmap capability after it:
+        // id @0 (2) = 1, version @2 (2) = 1, next @4 (4), nr_areas @8, reserved @12, areas
+        // {offset, size} (16 each) @16.
+        let caps = sparse_mmap_cap(&[SparseArea {
+            offset: 0x1000,
+            size: 0x2000,
+        }]);
+        let ri = RegionInfo {
+            argsz: 64,
+            flags: 15,
+            index: 2,
+            cap_offset: 32,
+            size: 0x4000,
+            offset: 0x10_0000,
+        };
+        let b = ri.to_bytes(&caps);
+        assert_eq!(b.len(), 64);
+        assert_eq!(&b[8..12], &2u32.to_le_bytes());
+        assert_eq!(&b[12..16], &32u32.to_le_bytes());
+        assert_eq!(&b[16..24], &0x4000u64.to_le_bytes());
+        assert_eq!(&b[24..32], &0x10_0000u64.to_le_bytes());
+        assert_eq!(&b[32..40], &[1, 0, 1, 0, 0, 0, 0, 0]);
+        assert_eq!(&b[40..44], &1u32.to_le_bytes());
+        assert_eq!(&b[48..56], &0x1000u64.to_le_bytes());
+        assert_eq!(&b[56..64], &0x2000u64.to_le_bytes());
+        assert_eq!(
+            parse_sparse_mmap(&b, 32).unwrap().unwrap(),
+            [SparseArea {
+                offset: 0x1000,
+                size: 0x2000
+            }]
+        );
+        // GET_REGION_IO_FDS: argsz @0, flags @4, index @8, count @12; each sub-region:
+        // offset @0 (8), size @8 (8), fd_index @16, type @20, flags @24, padding @28,
+        // datamatch @32 (8).
+        let e = IoFdEntry {
+            offset: 0x200,
+            size: 4,
+            fd_index: 1,
+            kind: IO_FD_IOEVENTFD,
+            flags: IO_FD_DATAMATCH,
+            padding: 0,
+            datamatch: 0xdead,
+        };
+        let b = IoFdsHead {
+            argsz: 56,
+            flags: 0,
+            index: 0,
+            count: 1,
+        }
+        .to_bytes(&[e]);
+        assert_eq!(b.len(), 56);
+        assert_eq!(&b[12..16], &1u32.to_le_bytes());
+        assert_eq!(&b[16..24], &0x200u64.to_le_bytes());
+        assert_eq!(&b[32..36], &1u32.to_le_bytes());
+        assert_eq!(&b[40..44], &1u32.to_le_bytes());
+        assert_eq!(&b[48..56], &0xdeadu64.to_le_bytes());
+        assert_eq!(IoFdEntry::parse_all(&b[16..], 1).unwrap(), [e]);
+        // REGION_WRITE_MULTI: wr_cnt @0 (8), then entries: offset @0 (8), region @8, count @12,
+        // data @16 (8).
+        let w = WriteMultiEntry {
+            offset: 0x40,
+            region: 0,
+            count: 4,
+            data: 0x1122_3344,
+        };
+        let b = WriteMultiEntry::request(&[w]);
+        assert_eq!(b.len(), 32);
+        assert_eq!(&b[0..8], &1u64.to_le_bytes());
+        assert_eq!(&b[8..16], &0x40u64.to_le_bytes());
+        assert_eq!(&b[20..24], &4u32.to_le_bytes());
+        assert_eq!(&b[24..32], &0x1122_3344u64.to_le_bytes());
+        assert_eq!(WriteMultiEntry::parse_request(&b).unwrap(), [w]);
+    }
+
+    #[test]
+    fn capability_chains_that_loop_point_back_or_overrun_are_refused() {
+        let ri = RegionInfo {
+            argsz: 64,
+            flags: 15,
+            index: 0,
+            cap_offset: 32,
+            size: 0,
+            offset: 0,
+        };
+        // An unknown capability whose `next` points at itself.
+        let mut cap = Vec::new();
+        cap.put16(99);
+        cap.put16(1);
+        cap.put32(32);
+        let b = ri.to_bytes(&cap);
+        assert!(parse_sparse_mmap(&b, 32).is_err());
+        // An offset inside the fixed part, one past the end, a count past the areas present.
+        assert!(parse_sparse_mmap(&b, 8).is_err());
+        assert!(parse_sparse_mmap(&b, 1000).is_err());
+        let mut caps = sparse_mmap_cap(&[SparseArea { offset: 0, size: 1 }]);
+        caps[8] = 2; // nr_areas 2, one present
+        assert!(parse_sparse_mmap(&ri.to_bytes(&caps), 32).is_err());
+        // An unknown capability first, then the sparse one: found.
+        let mut cap = Vec::new();
+        cap.put16(99);
+        cap.put16(1);
+        cap.put32(40);
+        cap.extend_from_slice(&sparse_mmap_cap(&[SparseArea { offset: 0, size: 1 }]));
+        let found = parse_sparse_mmap(&ri.to_bytes(&cap), 32).unwrap().unwrap();
+        assert_eq!(found.len(), 1);
     }
 
     #[test]
@@ -886,6 +1002,14 @@ mod tests {
             let _ = RegionAccess::parse(&p);
             let _ = Feature::parse(&p);
             let _ = MigData::parse(&p);
+            let _ = RegionInfo::parse(&p);
+            let _ = DmaAccess::parse(&p);
+            let _ = IoFdsHead::parse(&p);
+            let _ = WriteMultiEntry::parse_request(&p);
+            for cap_offset in [0u32, 32, 40, 48] {
+                let _ = parse_sparse_mmap(&p, cap_offset);
+            }
+            let _ = IoFdEntry::parse_all(&p, p.first().copied().unwrap_or(0).into());
             if let Ok(b) = <[u8; HEADER_LEN]>::try_from(p.get(..HEADER_LEN).unwrap_or(&[])) {
                 let _ = Header::parse(&b, 1 << 20);
             }

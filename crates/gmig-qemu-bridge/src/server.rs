@@ -434,7 +434,15 @@ impl<D: UserDevice> Server<D> {
             // Without a descriptor the region is reached by DMA_READ / DMA_WRITE, if the device
             // can work that way.
             (None, _) if self.device.remote_dma() => None,
-            (None, _) => return Err(libc::ENOTSUP),
+            (None, _) => {
+                tracing::warn!(
+                    address = format_args!("{:#x}", m.address),
+                    "DMA_MAP without a file descriptor refused: this device needs guest RAM \
+                     shared by descriptor (QEMU: memory-backend-memfd with share=on; \
+                     cloud-hypervisor: --memory shared=on)"
+                );
+                return Err(libc::ENOTSUP);
+            }
             (Some(_), false) => return Err(libc::EINVAL),
         };
         self.dma.push(DmaRegion {

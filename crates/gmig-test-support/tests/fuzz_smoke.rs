@@ -51,9 +51,23 @@ fn mutations(seed: &[u8], n: usize, rng_seed: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// With `GMIG_FUZZ_SEED_DIR` set, each test also leaves its valid seed in
+/// `$GMIG_FUZZ_SEED_DIR/<target>/seed`, the starting corpus of a libFuzzer campaign
+/// (docs/fuzzing.md).
+fn keep_seed(target: &str, seed: &[u8]) {
+    if let Some(dir) = std::env::var_os("GMIG_FUZZ_SEED_DIR") {
+        let dir = std::path::Path::new(&dir).join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("seed"), seed).unwrap();
+    }
+}
+
 #[test]
 fn the_stream_decoders_agree_and_never_panic() {
     let stream = fuzz::seed_stream();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&stream);
+    keep_seed("stream_decode", &framed);
     for seg in [0u8, 6, 255] {
         let mut input = vec![seg];
         input.extend_from_slice(&stream);
@@ -90,6 +104,7 @@ fn the_aub_reader_never_panics() {
 #[test]
 fn a_resume_either_restores_or_leaves_the_held_vgpu_untouched() {
     let stream = fuzz::seed_stream();
+    keep_seed("vgpu_resume", &stream);
     // The valid seed resumes (the harness's success path); truncations and garbage do not.
     assert!(fuzz::vgpu_resume(&stream));
     let mut refused = 0;
@@ -106,6 +121,7 @@ fn a_resume_either_restores_or_leaves_the_held_vgpu_untouched() {
 #[test]
 fn the_vfio_user_server_answers_or_closes_and_never_panics() {
     let seed = fuzz::vfio_user_seed();
+    keep_seed("vfio_user_session", &seed);
     // The seed reaches the remote-DMA path: the device read the client's answer to its DMA_READ
     // into its BAR (through a command pipelined in between), and WRITE_MULTI made its writes.
     let bar = fuzz::vfio_user_session(&seed);
