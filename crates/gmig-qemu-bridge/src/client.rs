@@ -488,8 +488,16 @@ impl Client {
         Ok(())
     }
 
+    /// A DEVICE_FEATURE request: `data` after the header, `argsz` the room for the reply (a GET
+    /// that returns 8 bytes says so, as the specification's argsz rule and libvfio-user want).
     fn feature(&mut self, flags: u32, data: &[u8]) -> Result<Vec<u8>> {
-        let r = self.request(Command::DeviceFeature, &Feature::to_bytes(flags, data), &[])?;
+        let room = if flags & FEATURE_GET != 0 {
+            data.len().max(8)
+        } else {
+            data.len()
+        };
+        let req = Feature::to_bytes_with_argsz((Feature::LEN + room) as u32, flags, data);
+        let r = self.request(Command::DeviceFeature, &req, &[])?;
         let (f, data) = Feature::parse(&r)?;
         if f.flags != flags {
             return Err(ClientError::Mismatch {
@@ -571,13 +579,9 @@ impl Client {
         Ok(Reader::new(&r).u64()?)
     }
 
-    /// `DMA_LOGGING_STOP`.
+    /// `DMA_LOGGING_STOP` (no data, as in the kernel uAPI).
     pub fn dma_logging_stop(&mut self) -> Result<()> {
-        let mut d = Vec::new();
-        d.put64(0);
-        d.put32(0);
-        d.put32(0);
-        self.feature(FEATURE_SET | FEATURE_DMA_LOGGING_STOP, &d)?;
+        self.feature(FEATURE_SET | FEATURE_DMA_LOGGING_STOP, &[])?;
         Ok(())
     }
 

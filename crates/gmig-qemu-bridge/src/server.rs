@@ -731,12 +731,17 @@ impl<D: UserDevice> Server<D> {
     fn feature(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let (f, data) = Feature::parse(p).map_err(|_| libc::EINVAL)?;
         let ops = f.flags & (FEATURE_GET | FEATURE_SET | FEATURE_PROBE);
-        // A GET's argsz is the room for its reply: only a DMA log report needs more than its
-        // request; every other request's argsz covers exactly what was sent.
-        let report = f.index() == FEATURE_DMA_LOGGING_REPORT && ops == FEATURE_GET;
-        if (!report && f.argsz as usize != Feature::LEN + data.len())
-            || (f.argsz as usize) < Feature::LEN + data.len()
-        {
+        // argsz covers at least what was sent; a GET's argsz is the room for its reply, which
+        // for MIGRATION, MIG_DEVICE_STATE and MIG_DATA_SIZE is 8 bytes of data (the request may
+        // carry them, as a kernel-style buffer, or only the header, as libvfio-user's client
+        // sends); a DMA log report's room is checked against its bitmap below.
+        let reply_data = match (f.index(), ops) {
+            (FEATURE_MIGRATION | FEATURE_MIG_DEVICE_STATE | FEATURE_MIG_DATA_SIZE, FEATURE_GET) => {
+                8
+            }
+            _ => 0,
+        };
+        if (f.argsz as usize) < Feature::LEN + data.len().max(reply_data) {
             return Err(libc::EINVAL);
         }
         // DMA_LOGGING_START with no ranges logs every mapped region (listed before the device

@@ -839,3 +839,167 @@ fn rust_vmm_client_maps_the_sparse_region() {
     dev.region_read(BAR1, 4096, &mut got).unwrap();
     assert_eq!(&got, b"peer");
 }
+
+fn le32(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// What gmig's client sends for migration and DMA logging, captured by a raw server and checked
+/// byte for byte against the layouts of the specification (the kernel uAPI's
+/// `vfio_device_feature`, `vfio_device_feature_mig_state`, `..._dma_logging_control`,
+/// `..._dma_logging_report`; vfio-user's `vfio_user_mig_data`). A GET's `argsz` is the room for
+/// its reply.
+#[test]
+fn the_clients_migration_requests_are_byte_exact() {
+    use gmig_qemu_bridge::proto::{Feature, MigData};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raw.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let t = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        let mut head = [0u8; HEADER_LEN];
+        while s.read_exact(&mut head).is_ok() {
+            let h = Header::parse(&head, 1 << 20).unwrap();
+            let mut p = vec![0u8; h.payload_len()];
+            s.read_exact(&mut p).unwrap();
+            let reply = match Command::try_from(h.command).unwrap() {
+                Command::Version => b"\0\0\x02\0{}\0".to_vec(),
+                Command::DeviceFeature => {
+                    let (f, data) = Feature::parse(&p).unwrap();
+                    if f.flags & (1 << 16) != 0 {
+                        Feature::to_bytes(f.flags, &vec![0; f.argsz as usize - Feature::LEN])
+                    } else {
+                        Feature::to_bytes(f.flags, data)
+                    }
+                }
+                Command::MigDataRead => MigData::to_bytes(8, 0, &[]),
+                _ => Vec::new(),
+            };
+            send_raw(
+                &mut s,
+                h.msg_id,
+                Command::try_from(h.command).unwrap(),
+                FLAG_REPLY,
+                0,
+                &reply,
+            );
+            got.push((h.command, p));
+        }
+        got
+    });
+    let mut c = Client::connect(&path).unwrap();
+    c.migration_flags().unwrap();
+    c.set_device_state(DeviceState::PreCopy).unwrap();
+    c.device_state().unwrap();
+    c.mig_data_size().unwrap();
+    c.dma_logging_start(4096, &[(0x1_0000_0000, 0x20_0000)])
+        .unwrap();
+    c.dma_logging_report(0x1_0000_0000, 0x20_0000, 4096)
+        .unwrap();
+    c.dma_logging_stop().unwrap();
+    assert_eq!(c.mig_read(4096).unwrap(), Some(Vec::new()));
+    c.mig_write(&[1, 2, 3]).unwrap();
+    drop(c);
+    let got = t.join().unwrap();
+    let feature = |i: usize| {
+        assert_eq!(got[i].0, Command::DeviceFeature as u16);
+        got[i].1.clone()
+    };
+    // MIGRATION GET: argsz 16 (8 of reply data), flags GET | 1; nothing else.
+    assert_eq!(feature(1), le32(&[16, 0x1_0001]));
+    // MIG_DEVICE_STATE SET: argsz 16, flags SET | 2, device_state PRE_COPY (6), data_fd -1.
+    assert_eq!(feature(2), le32(&[16, 0x2_0002, 6, u32::MAX]));
+    // MIG_DEVICE_STATE GET and MIG_DATA_SIZE GET: argsz 16.
+    assert_eq!(feature(3), le32(&[16, 0x1_0002]));
+    assert_eq!(feature(4), le32(&[16, 0x1_0009]));
+    // DMA_LOGGING_START SET: argsz 40, flags SET | 6, page_size u64, num_ranges u32, reserved,
+    // then {iova u64, length u64}.
+    let mut start = le32(&[40, 0x2_0006]);
+    start.extend_from_slice(&4096u64.to_le_bytes());
+    start.extend_from_slice(&le32(&[1, 0]));
+    start.extend_from_slice(&0x1_0000_0000u64.to_le_bytes());
+    start.extend_from_slice(&0x20_0000u64.to_le_bytes());
+    assert_eq!(feature(5), start);
+    // DMA_LOGGING_REPORT GET: argsz 8 + 24 + 8 bitmap words (512 pages), flags GET | 8, iova,
+    // length, page_size.
+    let mut report = le32(&[96, 0x1_0008]);
+    for v in [0x1_0000_0000u64, 0x20_0000, 4096] {
+        report.extend_from_slice(&v.to_le_bytes());
+    }
+    assert_eq!(feature(6), report);
+    // DMA_LOGGING_STOP SET: no data.
+    assert_eq!(feature(7), le32(&[8, 0x2_0007]));
+    // MIG_DATA_READ: argsz 8, size; MIG_DATA_WRITE: argsz 8 + 3, size 3, data.
+    assert_eq!(got[8], (Command::MigDataRead as u16, le32(&[8, 4096])));
+    let mut w = le32(&[11, 3]);
+    w.extend_from_slice(&[1, 2, 3]);
+    assert_eq!(got[9], (Command::MigDataWrite as u16, w));
+}
+
+/// A GET whose `argsz` names the room for the reply but carries only the header (as
+/// libvfio-user's client sends) is answered; one with no room for the reply is refused.
+#[test]
+fn feature_gets_are_answered_within_the_room_argsz_gives() {
+    let (path, server, _dir) = spawn(13, 1);
+    let mut s = raw(&path);
+    let mut v = vec![0, 0, 2, 0];
+    v.extend_from_slice(b"{}\0");
+    send_raw(&mut s, 1, Command::Version, FLAG_COMMAND, 0, &v);
+    read_raw(&mut s);
+    send_raw(
+        &mut s,
+        2,
+        Command::DeviceFeature,
+        FLAG_COMMAND,
+        0,
+        &le32(&[16, 0x1_0002]),
+    );
+    let (h, p) = read_raw(&mut s);
+    assert_eq!(h.flags & FLAG_ERROR, 0);
+    assert_eq!(&p[8..12], &(DeviceState::Running as u32).to_le_bytes());
+    // Kernel style: the data area sent along (zeroed).
+    send_raw(
+        &mut s,
+        3,
+        Command::DeviceFeature,
+        FLAG_COMMAND,
+        0,
+        &le32(&[16, 0x1_0001, 0, 0]),
+    );
+    let (h, p) = read_raw(&mut s);
+    assert_eq!((h.flags & FLAG_ERROR, p.len()), (0, 16));
+    // No room for the reply, and argsz short of what was sent.
+    send_raw(
+        &mut s,
+        4,
+        Command::DeviceFeature,
+        FLAG_COMMAND,
+        0,
+        &le32(&[8, 0x1_0002]),
+    );
+    assert_eq!(read_raw(&mut s).0.error, libc::EINVAL as u32);
+    send_raw(
+        &mut s,
+        5,
+        Command::DeviceFeature,
+        FLAG_COMMAND,
+        0,
+        &le32(&[8, 0x2_0002, 2, u32::MAX]),
+    );
+    assert_eq!(read_raw(&mut s).0.error, libc::EINVAL as u32);
+    // A reply to nothing is ignored: no answer, and the next command is served.
+    send_raw(&mut s, 0x7777, Command::DeviceGetInfo, FLAG_REPLY, 0, &[]);
+    send_raw(
+        &mut s,
+        6,
+        Command::DeviceGetInfo,
+        FLAG_COMMAND,
+        0,
+        &le32(&[16, 0, 0, 0]),
+    );
+    let (h, _) = read_raw(&mut s);
+    assert_eq!((h.msg_id, h.flags & FLAG_ERROR), (6, 0));
+    drop(s);
+    server.join().unwrap();
+}
