@@ -21,7 +21,7 @@ use crate::proto::{
     MigData, ProtoError, Put, Reader, RegionAccess, RegionInfo, SparseArea, WriteMultiEntry,
     DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT, FEATURE_DMA_LOGGING_START,
     FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE,
-    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_COMMAND, FLAG_ERROR, FLAG_REPLY, HEADER_LEN,
+    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_ERROR, FLAG_REPLY, HEADER_LEN,
 };
 
 /// Errors of the client.
@@ -153,13 +153,7 @@ impl Client {
     fn exchange(&mut self, command: Command, payload: &[u8], fds: &[&File]) -> Result<Vec<File>> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
-        let h = Header {
-            msg_id: id,
-            command: command as u16,
-            size: (HEADER_LEN + payload.len()) as u32,
-            flags: FLAG_COMMAND,
-            error: 0,
-        };
+        let h = Header::command(id, command, payload.len());
         let mut msg = h.to_bytes().to_vec();
         msg.extend_from_slice(payload);
         if fds.is_empty() {

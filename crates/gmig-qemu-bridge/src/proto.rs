@@ -165,6 +165,17 @@ pub struct Header {
 }
 
 impl Header {
+    /// The header of a command `command` numbered `msg_id` carrying `payload_len` bytes.
+    pub fn command(msg_id: u16, command: Command, payload_len: usize) -> Header {
+        Header {
+            msg_id,
+            command: command as u16,
+            size: (HEADER_LEN + payload_len) as u32,
+            flags: FLAG_COMMAND,
+            error: 0,
+        }
+    }
+
     /// Encodes the header.
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];

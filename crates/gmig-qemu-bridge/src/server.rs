@@ -35,9 +35,8 @@ use crate::proto::{
     MigData, ProtoError, Put, Reader, RegionAccess, RegionInfo, SparseArea, WriteMultiEntry,
     DMA_LOGGING_CONTROL_LEN, DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT,
     FEATURE_DMA_LOGGING_START, FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION,
-    FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_COMMAND,
-    FLAG_ERROR, FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN, IO_FD_DATAMATCH,
-    IO_FD_IOEVENTFD,
+    FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_ERROR,
+    FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN, IO_FD_DATAMATCH, IO_FD_IOEVENTFD,
 };
 use vfio_bindings::bindings::vfio as uapi;
 
@@ -962,13 +961,7 @@ impl DmaPort<'_> {
         }
         let id = *self.next_id;
         *self.next_id = self.next_id.wrapping_add(1) | 0x8000;
-        let h = Header {
-            msg_id: id,
-            command: command as u16,
-            size: (HEADER_LEN + payload.len()) as u32,
-            flags: FLAG_COMMAND,
-            error: 0,
-        };
+        let h = Header::command(id, command, payload.len());
         let r = self.await_reply(h, payload);
         let _ = self.stream.set_read_timeout(None);
         match r {

@@ -591,6 +591,21 @@ fn raw_with_remote_map(path: &std::path::Path) -> UnixStream {
     s
 }
 
+/// Sends REGION_WRITE `id` of an address to REG_COPY (the device DMA-reads `DMA_BASE`) and
+/// returns the header of the DMA_READ the server sends for it.
+fn copy_request(s: &mut UnixStream, id: u16) -> Header {
+    let copy = RegionAccess {
+        offset: REG_COPY,
+        region: BAR0,
+        count: 8,
+    };
+    let w = copy.to_bytes(&DMA_BASE.to_le_bytes());
+    send_raw(s, id, Command::RegionWrite, FLAG_COMMAND, 0, &w);
+    let (h, _) = read_raw(s);
+    assert_eq!(h.command, Command::DmaRead as u16);
+    h
+}
+
 /// While the server waits for the reply to its DMA_READ, a client may pipeline commands (they are
 /// handled afterwards, in order), answer with an error (the device's access fails with that
 /// errno), answer wrongly (EIO), or vanish (the session ends, the device runs on for the next
@@ -638,15 +653,7 @@ fn a_client_that_pipelines_errs_or_vanishes_during_a_dma_request() {
     assert_eq!((h4.msg_id, h4.flags & FLAG_ERROR, p4.len()), (4, 0, 16));
 
     // 2. A reply with the wrong count: EIO.
-    send_raw(
-        &mut s,
-        5,
-        Command::RegionWrite,
-        FLAG_COMMAND,
-        0,
-        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
-    );
-    let (h, _) = read_raw(&mut s);
+    let h = copy_request(&mut s, 5);
     let bad = DmaAccess {
         address: DMA_BASE,
         count: 3,
@@ -657,15 +664,7 @@ fn a_client_that_pipelines_errs_or_vanishes_during_a_dma_request() {
     assert_eq!((h5.msg_id, h5.error), (5, libc::EIO as u32));
 
     // 3. A good answer.
-    send_raw(
-        &mut s,
-        6,
-        Command::RegionWrite,
-        FLAG_COMMAND,
-        0,
-        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
-    );
-    let (h, _) = read_raw(&mut s);
+    let h = copy_request(&mut s, 6);
     let good = DmaAccess {
         address: DMA_BASE,
         count: 4,
@@ -676,15 +675,7 @@ fn a_client_that_pipelines_errs_or_vanishes_during_a_dma_request() {
     assert_eq!((h6.msg_id, h6.flags & FLAG_ERROR), (6, 0));
 
     // 4. The client vanishes instead of answering.
-    send_raw(
-        &mut s,
-        7,
-        Command::RegionWrite,
-        FLAG_COMMAND,
-        0,
-        &copy.to_bytes(&DMA_BASE.to_le_bytes()),
-    );
-    let (h, _) = read_raw(&mut s);
+    let h = copy_request(&mut s, 7);
     assert_eq!(h.command, Command::DmaRead as u16);
     drop(s);
 
