@@ -21,7 +21,7 @@ use crate::proto::{
     MigData, ProtoError, Put, Reader, RegionAccess, RegionInfo, SparseArea, WriteMultiEntry,
     DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT, FEATURE_DMA_LOGGING_START,
     FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE,
-    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_ERROR, FLAG_REPLY, HEADER_LEN,
+    FEATURE_MIG_DEVICE_STATE, FEATURE_SET, FLAG_ERROR,
 };
 
 /// Errors of the client.
@@ -208,14 +208,11 @@ impl Client {
             Ok(v) => (v, None),
             Err(e) => (Vec::new(), Some(e)),
         };
-        let reply = Header {
-            msg_id: h.msg_id,
-            command: h.command,
-            size: (HEADER_LEN + payload.len()) as u32,
-            flags: FLAG_REPLY | if error.is_some() { FLAG_ERROR } else { 0 },
-            error: error.map_or(0, i32::cast_unsigned),
-        };
-        write_message(&mut self.stream, reply, &payload)?;
+        write_message(
+            &mut self.stream,
+            Header::reply(h, payload.len(), error),
+            &payload,
+        )?;
         Ok(())
     }
 

@@ -176,6 +176,18 @@ impl Header {
         }
     }
 
+    /// The header of the reply to command `cmd` carrying `payload_len` bytes, with `error` (an
+    /// errno) when it refuses.
+    pub fn reply(cmd: Header, payload_len: usize, error: Option<i32>) -> Header {
+        Header {
+            msg_id: cmd.msg_id,
+            command: cmd.command,
+            size: (HEADER_LEN + payload_len) as u32,
+            flags: FLAG_REPLY | if error.is_some() { FLAG_ERROR } else { 0 },
+            error: error.map_or(0, i32::cast_unsigned),
+        }
+    }
+
     /// Encodes the header.
     pub fn to_bytes(self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];

@@ -36,7 +36,7 @@ use crate::proto::{
     DMA_LOGGING_CONTROL_LEN, DMA_LOGGING_REPORT_LEN, FEATURE_DMA_LOGGING_REPORT,
     FEATURE_DMA_LOGGING_START, FEATURE_DMA_LOGGING_STOP, FEATURE_GET, FEATURE_MIGRATION,
     FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_ERROR,
-    FLAG_NO_REPLY, FLAG_REPLY, FLAG_TYPE_MASK, HEADER_LEN, IO_FD_DATAMATCH, IO_FD_IOEVENTFD,
+    FLAG_NO_REPLY, FLAG_TYPE_MASK, HEADER_LEN, IO_FD_DATAMATCH, IO_FD_IOEVENTFD,
 };
 use vfio_bindings::bindings::vfio as uapi;
 
@@ -176,10 +176,10 @@ struct DmaRegion {
 }
 
 /// A message the client sent while the server waited for a reply of its own.
-pub(crate) struct Pending {
-    pub(crate) head: Header,
-    pub(crate) payload: Vec<u8>,
-    pub(crate) fds: Vec<File>,
+struct Pending {
+    head: Header,
+    payload: Vec<u8>,
+    fds: Vec<File>,
 }
 
 /// A vfio-user server for one device.
@@ -488,14 +488,9 @@ impl<D: UserDevice> Server<D> {
         } else {
             Some(GuestMemoryMmap::from_ranges_with_files(local).map_err(|_| libc::EINVAL)?)
         };
-        let had_mem = self.mem.is_some();
         self.mem = mem;
-        if self.mem.is_some() || had_mem {
-            self.device.dma_changed(self.mem.as_ref());
-        }
-        if self.device.remote_dma() {
-            self.device.remote_dma_changed(&remote);
-        }
+        self.device.dma_changed(self.mem.as_ref());
+        self.device.remote_dma_changed(&remote);
         Ok(())
     }
 
@@ -858,15 +853,16 @@ impl<D: UserDevice> Server<D> {
         out.clear();
         out.resize(MigData::LEN + m.size as usize, 0);
         let n = match h.read(id, &mut out[MigData::LEN..]) {
-            Ok(ReadOutcome::Data(n)) => n,
-            Ok(ReadOutcome::End) => 0,
-            Ok(ReadOutcome::NoDataNow) => {
-                self.spare = out;
-                return Err(libc::ENOMSG);
-            }
-            Err(_) => {
-                self.spare = out;
-                return Err(libc::EINVAL);
+            Ok(ReadOutcome::Data(n)) => Ok(n),
+            Ok(ReadOutcome::End) => Ok(0),
+            Ok(ReadOutcome::NoDataNow) => Err(libc::ENOMSG),
+            Err(_) => Err(libc::EINVAL),
+        };
+        let n = match n {
+            Ok(n) => n,
+            Err(e) => {
+                self.spare = out; // kept for the next read
+                return Err(e);
             }
         };
         out.truncate(MigData::LEN + n);
@@ -905,27 +901,17 @@ impl<D: UserDevice> Server<D> {
         self.pending.clear();
         self.client_xfer = u64::from(MAX_DATA_XFER);
         self.device.dma_changed(None);
-        if self.device.remote_dma() {
-            self.device.remote_dma_changed(&[]);
-        }
+        self.device.remote_dma_changed(&[]);
     }
 }
 
 /// The client's `max_data_xfer_size` from its VERSION capabilities (JSON text, NUL-terminated):
 /// the spec's default (1 MiB) when absent or unreadable, capped at what this server accepts.
 fn client_max_xfer(json: &[u8]) -> u64 {
-    let text = String::from_utf8_lossy(json);
-    let key = "\"max_data_xfer_size\"";
-    text.find(key)
-        .and_then(|i| {
-            let rest = text[i + key.len()..].trim_start().strip_prefix(':')?;
-            let digits: String = rest
-                .trim_start()
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            digits.parse::<u64>().ok()
-        })
+    let text = json.split(|&b| b == 0).next().unwrap_or_default();
+    serde_json::from_slice::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| v["capabilities"]["max_data_xfer_size"].as_u64())
         .filter(|&n| n > 0)
         .map_or(u64::from(MAX_DATA_XFER), |n| {
             n.min(u64::from(MAX_DATA_XFER))
@@ -1055,7 +1041,7 @@ impl Dma for DmaPort<'_> {
 }
 
 /// Receives one message: its header, the file descriptors that came with it, and its payload.
-pub(crate) fn recv_message(stream: &mut UnixStream) -> Result<Pending, ServerError> {
+fn recv_message(stream: &mut UnixStream) -> Result<Pending, ServerError> {
     let mut payload = Vec::new();
     let (head, fds) = recv_message_into(stream, &mut payload)?;
     Ok(Pending { head, payload, fds })
@@ -1122,13 +1108,7 @@ pub(crate) fn write_message(stream: &mut UnixStream, h: Header, payload: &[u8]) 
 /// Sends the reply to `cmd`, with the descriptors the reply carries (they go with its first
 /// bytes).
 fn send(stream: &mut UnixStream, cmd: Header, r: &Reply) -> io::Result<()> {
-    let h = Header {
-        msg_id: cmd.msg_id,
-        command: cmd.command,
-        size: (HEADER_LEN + r.payload.len()) as u32,
-        flags: FLAG_REPLY | if r.error.is_some() { FLAG_ERROR } else { 0 },
-        error: r.error.map_or(0, |e| e as u32),
-    };
+    let h = Header::reply(cmd, r.payload.len(), r.error);
     if r.fds.is_empty() || r.error.is_some() {
         return write_message(stream, h, &r.payload);
     }
@@ -1148,5 +1128,40 @@ fn dma_errno(e: &gmig_vfio_migration::handle::HandleError) -> Errno {
             gmig_vfio_migration::DeviceError::Failed(_),
         ) => libc::EIO,
         _ => libc::EINVAL,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clients_transfer_size_comes_from_its_capabilities_within_bounds() {
+        let caps = |s: &str| format!("{s}\0").into_bytes();
+        let default = u64::from(MAX_DATA_XFER);
+        assert_eq!(
+            client_max_xfer(&caps(r#"{"capabilities":{"max_data_xfer_size":65536}}"#)),
+            65536
+        );
+        // Absent, zero, not a number, not JSON, or outside `capabilities`: the default.
+        assert_eq!(client_max_xfer(&caps(r#"{"capabilities":{}}"#)), default);
+        assert_eq!(
+            client_max_xfer(&caps(r#"{"capabilities":{"max_data_xfer_size":0}}"#)),
+            default
+        );
+        assert_eq!(
+            client_max_xfer(&caps(r#"{"capabilities":{"max_data_xfer_size":"1"}}"#)),
+            default
+        );
+        assert_eq!(client_max_xfer(b"\xff\x00"), default);
+        assert_eq!(
+            client_max_xfer(&caps(r#"{"max_data_xfer_size":4096,"capabilities":{}}"#)),
+            default
+        );
+        // More than this server accepts: capped.
+        assert_eq!(
+            client_max_xfer(&caps(r#"{"capabilities":{"max_data_xfer_size":99999999}}"#)),
+            default
+        );
     }
 }
