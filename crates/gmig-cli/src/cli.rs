@@ -10,6 +10,10 @@ Exit codes:
   1  runtime error (bad input, I/O failure, rejected or broken migration)
   2  usage error
   3  check failed (replay differs from the fixture, migrated run not identical)
+  4  migration in doubt: the switch-over broke where this side cannot tell whether the
+     other side runs the vGPU; this side kept a stopped copy in its checkpoint file
+     (resume it with `gmig migrate --resume FILE` only once the other side is known
+     not to run the vGPU; docs/reliability.md)
 
 Logging: set RUST_LOG (e.g. RUST_LOG=gmig_core=debug); logs go to stderr.";
 
@@ -203,8 +207,20 @@ pub struct MigrateArgs {
     #[arg(long, conflicts_with = "to")]
     pub listen: Option<String>,
     /// Source: migrate to the destination listening at this address (HOST:PORT or unix:PATH).
-    #[arg(long, required_unless_present = "listen")]
+    #[arg(long, required_unless_present_any = ["listen", "resume"])]
     pub to: Option<String>,
+    /// Resume a vGPU from the checkpoint file a side left in doubt wrote, run its queued work and
+    /// report its state (use only once the other side is known not to run the vGPU).
+    #[arg(long, conflicts_with_all = ["listen", "to"])]
+    pub resume: Option<PathBuf>,
+    /// Where this side saves its stopped copy of the vGPU if the switch-over leaves it in doubt
+    /// (default: gmig-in-doubt-ROLE-PID.gmig in the working directory).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Seconds either side waits for the other before it gives up (connection reads and
+    /// writes, each control message).
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
     /// Guest workload running during the migration.
     #[arg(long, value_enum, default_value = "desktop")]
     pub profile: ProfileArg,

@@ -13,6 +13,9 @@ pub mod code {
     /// migrated run was not identical to the unmigrated reference.
     #[allow(dead_code)]
     pub const CHECK_FAILED: u8 = 3;
+    /// A migration broke during the switch-over and this side is in doubt: it kept a stopped
+    /// copy of the vGPU (in a checkpoint file) and did not run it.
+    pub const IN_DOUBT: u8 = 4;
 }
 
 /// Why a subcommand failed.
@@ -24,6 +27,16 @@ pub enum Failure {
     /// Any other error (exit code 1).
     #[allow(dead_code)]
     Error(anyhow::Error),
+    /// A migration that failed, with what this side holds of the vGPU afterwards (JSON fields
+    /// added to the failure object); `in_doubt` gives exit code 4.
+    Migration {
+        /// The error.
+        error: anyhow::Error,
+        /// Fields such as `vgpu`, `checkpoint`, `state_digest`.
+        fields: serde_json::Map<String, serde_json::Value>,
+        /// The side is in doubt.
+        in_doubt: bool,
+    },
 }
 
 impl From<anyhow::Error> for Failure {
@@ -36,14 +49,15 @@ impl Failure {
     fn code(&self) -> u8 {
         match self {
             Failure::Check(_) => code::CHECK_FAILED,
-            Failure::Error(_) => code::ERROR,
+            Failure::Migration { in_doubt: true, .. } => code::IN_DOUBT,
+            Failure::Error(_) | Failure::Migration { .. } => code::ERROR,
         }
     }
 
     fn message(&self) -> String {
         match self {
             Failure::Check(msg) => format!("check failed: {msg}"),
-            Failure::Error(e) => chain(e),
+            Failure::Error(e) | Failure::Migration { error: e, .. } => chain(e),
         }
     }
 
@@ -52,7 +66,10 @@ impl Failure {
         let code = self.code();
         let message = self.message();
         if json {
-            let obj = serde_json::json!({ "ok": false, "exit_code": code, "error": message });
+            let mut obj = serde_json::json!({ "ok": false, "exit_code": code, "error": message });
+            if let (Failure::Migration { fields, .. }, Some(o)) = (&self, obj.as_object_mut()) {
+                o.extend(fields.clone());
+            }
             println!("{obj}");
         } else {
             eprintln!("gmig: {message}");

@@ -479,6 +479,7 @@ fn control_frames_round_trip_and_refuse_corruption() {
             restore_ns: 12345,
             remap_ns: 678,
         },
+        Control::Aborted("source timed out waiting for RESTORED".into()),
     ];
     for m in &msgs {
         let mut buf = Vec::new();

@@ -84,3 +84,40 @@ pub fn compare_guest_visible(a: &Vgpu, b: &Vgpu) -> StateDiff {
     }
     d
 }
+
+/// One 64-bit digest (XXH3) of everything [`compare_guest_visible`] compares: guest-visible
+/// registers, the GGTT entries at guest-view offsets, the fault records and every byte of guest
+/// RAM. Two vGPUs with equal guest-visible state have equal digests, so separate processes can
+/// check that a migrated or resumed guest matches a reference by printing it.
+pub fn guest_visible_digest(v: &Vgpu) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for (k, val) in &v.vregs {
+        h.update(&k.to_le_bytes());
+        h.update(&val.to_le_bytes());
+    }
+    for r in [v.guest_view.aperture, v.guest_view.hidden] {
+        h.update(&r.base.0.to_le_bytes());
+        h.update(&r.size.to_le_bytes());
+        for p in 0..r.size / PAGE_SIZE {
+            let e = v
+                .ggtt
+                .entry(&v.guest_view, GgttOffset(r.base.0 + p * PAGE_SIZE));
+            h.update(&[u8::from(e.is_some())]);
+            h.update(&e.unwrap_or(0).to_le_bytes());
+        }
+    }
+    h.update(format!("{:?}", v.faults).as_bytes());
+    let size = crate::gtt::ram_size(&v.mem);
+    h.update(&size.to_le_bytes());
+    let mut page = vec![0u8; PAGE_SIZE as usize];
+    for gfn in 0..size / PAGE_SIZE {
+        if v.mem
+            .read_slice(&mut page, GuestAddress(gfn * PAGE_SIZE))
+            .is_err()
+        {
+            page.fill(0xff);
+        }
+        h.update(&page);
+    }
+    h.digest()
+}

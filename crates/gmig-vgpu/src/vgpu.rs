@@ -32,6 +32,15 @@ use crate::gtt::{ppgtt_frames, Ggtt, GpuView, GttError, GuestRam, Space};
 use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
 use gmig_cmdparser::{Gen, GgttOffset, SliceMove, VgpuSlices};
 
+/// Submissions one engine may have waiting. A frame of the guest-driver model queues one per
+/// context; a guest that writes ELSP faster than the engine runs its work is refused beyond this
+/// ([`FaultKind::Flood`]), before any shadowing, so the queue, the host's memory and the
+/// migrated state stay bounded.
+pub const MAX_PENDING_PER_ENGINE: usize = 64;
+
+/// Fault records a vGPU keeps (the latest; [`ExecStats::refused`] counts them all).
+pub const MAX_FAULT_RECORDS: usize = 64;
+
 /// Errors of the vGPU device model.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VgpuError {
@@ -406,7 +415,17 @@ impl Vgpu {
         let seq = self.next_seq;
         self.next_seq += 1;
         let lrca_guest = d & desc::LRCA_MASK;
-        match crate::shadow::shadow_workload(self, engine, d, seq) {
+        let pending = self.queue.iter().filter(|w| w.engine == engine).count();
+        let shadowed = if pending >= MAX_PENDING_PER_ENGINE {
+            // Refused before any shadowing work: a flood costs the host O(1) per ELSP write.
+            Err((
+                FaultKind::Flood,
+                format!("{pending} submissions already pending on {}", engine.name()),
+            ))
+        } else {
+            crate::shadow::shadow_workload(self, engine, d, seq)
+        };
+        match shadowed {
             Ok(w) => {
                 self.ctx_heads.insert(lrca_guest, w.ring_tail);
                 if let Some(r) = w.pml4 {
@@ -471,7 +490,14 @@ impl Vgpu {
         self.vregs.insert(mmio::RING_FAULT_REG, v);
         *self.vregs.entry(mmio::ERROR_GEN6).or_insert(0) |= 1 << fault.engine.index();
         self.stats.refused += 1;
-        tracing::warn!(engine = fault.engine.name(), ctx = fault.ctx_id, reason = %fault.reason, "GPU fault");
+        // A guest that provokes faults in a loop is logged at a bounded rate and keeps only its
+        // latest records, so it can grow neither the host's log nor the migrated state.
+        if self.stats.refused <= MAX_FAULT_RECORDS as u64 || self.stats.refused.is_power_of_two() {
+            tracing::warn!(engine = fault.engine.name(), ctx = fault.ctx_id, reason = %fault.reason, refused = self.stats.refused, "GPU fault");
+        }
+        if self.faults.len() >= MAX_FAULT_RECORDS {
+            self.faults.remove(0);
+        }
         self.faults.push(fault);
     }
 

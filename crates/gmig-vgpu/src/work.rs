@@ -61,6 +61,9 @@ pub enum FaultKind {
     Context,
     /// A GPU memory access faulted during execution.
     Memory,
+    /// The engine already had [`crate::vgpu::MAX_PENDING_PER_ENGINE`] submissions waiting: the
+    /// guest floods ELSP faster than the GPU runs its work.
+    Flood,
 }
 
 impl FaultKind {
@@ -70,6 +73,7 @@ impl FaultKind {
             FaultKind::Walk => 2,
             FaultKind::Context => 3,
             FaultKind::Memory => 4,
+            FaultKind::Flood => 5,
         }
     }
 }

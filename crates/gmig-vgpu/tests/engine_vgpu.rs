@@ -5,9 +5,10 @@ use std::thread;
 use std::time::Duration;
 
 use gmig_core::migration::{
-    migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
-    MigrationError, MigrationPhase, MigrationReport, Policy,
+    migrate_destination, migrate_source, receive_migration, record_stream, source_handle, Incoming,
+    MigratableVm, MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy,
 };
+use gmig_core::stream::Control;
 use gmig_core::transport::{Connection, Counted};
 use gmig_test_support::tcp_pair;
 use gmig_vfio_migration::{DeviceState, MigrationTarget};
@@ -280,4 +281,76 @@ fn a_vgpu_on_given_memory_runs_the_same_guest_as_a_booted_one() {
     a.finish().unwrap();
     b.finish().unwrap();
     assert!(compare_guest_visible(a.vgpu(), b.vgpu()).is_identical());
+}
+
+/// The destination's side of the hand-over, driven by a scripted source: once it has restored the
+/// vGPU, COMMIT makes it run the vGPU, ABORTED makes it drop its copy (the source runs it again),
+/// and anything else — the source vanishing, silence — leaves it in doubt, holding the restored
+/// copy without running it. Before the restore, a vanished source leaves it holding nothing.
+#[test]
+fn the_destination_owns_the_vgpu_only_after_commit_and_keeps_a_copy_when_in_doubt() {
+    use std::io::Write;
+    let (s, d) = slices();
+    let mut vm = boot(Profile::Desktop, 21, s);
+    vm.run_steps(BEFORE).unwrap();
+    let mut c = cfg(Policy::StopAndCopy);
+    c.max_drain = 0;
+    let (stream, vm) = record_stream(vm, &c).unwrap();
+    let mut c = cfg(Policy::StopAndCopy);
+    c.timeout = Duration::from_millis(500);
+    for script in [
+        "commit",
+        "aborted",
+        "vanish",
+        "silence",
+        "vanish-before-restore",
+    ] {
+        let (mut a, b) = tcp_pair();
+        let c2 = c.clone();
+        let dest = thread::spawn(move || receive_migration(factory(d, true), b, &c2));
+        let cut = if script == "vanish-before-restore" {
+            stream.len() / 2
+        } else {
+            stream.len()
+        };
+        a.write_all(&stream[..cut]).unwrap();
+        let mut controls = Vec::new();
+        if cut == stream.len() {
+            for _ in 0..2 {
+                controls.push(Control::read_from(&mut a).unwrap());
+            }
+            assert_eq!(controls, [Control::HeaderAccepted, Control::Restored]);
+        }
+        match script {
+            "commit" => Control::Commit.write_to(&mut a).unwrap(),
+            "aborted" => Control::Aborted("the source runs it again".into())
+                .write_to(&mut a)
+                .unwrap(),
+            "silence" => {}
+            _ => drop(a.shutdown()),
+        }
+        let out = dest.join().unwrap();
+        match (script, out) {
+            ("commit", Ok(Incoming::Running(moved, _))) => {
+                assert!(moved.vgpu().is_accepting(), "COMMIT runs the vGPU");
+                let diff = compare_guest_visible(vm.vgpu(), moved.vgpu());
+                assert!(diff.is_identical(), "{diff:?}");
+            }
+            ("aborted", Err(MigrationError::Aborted { phase, reason })) => {
+                assert_eq!(phase, MigrationPhase::Commit);
+                assert_eq!(reason, "the source runs it again");
+            }
+            ("vanish" | "silence", Ok(Incoming::InDoubt { vm: held, error })) => {
+                assert!(error.in_doubt(), "{error}");
+                assert!(!held.vgpu().is_accepting(), "an in-doubt copy does not run");
+                let diff = compare_guest_visible(vm.vgpu(), held.vgpu());
+                assert!(diff.is_identical(), "{script}: {diff:?}");
+            }
+            ("vanish-before-restore", Err(e)) => {
+                assert!(!e.in_doubt(), "{e}");
+                assert_eq!(MigrationPhase::from(&e), MigrationPhase::StopCopy);
+            }
+            (script, other) => panic!("{script}: {other:?}"),
+        }
+    }
 }

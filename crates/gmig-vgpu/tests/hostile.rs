@@ -216,3 +216,72 @@ fn tiled_fast_copy_past_the_slice_end_never_escapes() {
     d0.run_frames(v0, 2).unwrap();
     assert_eq!(d0.failures(), failures);
 }
+
+/// A guest that writes ELSP in a loop without ever waiting: beyond
+/// `MAX_PENDING_PER_ENGINE` waiting submissions each one is refused as a flood (before any
+/// shadowing) and completed, so the queue, the fault log and the state a migration carries stay
+/// bounded; the guest sees its flood fail, goes on working afterwards, and the neighbour ends
+/// exactly where it would on a host with no attack.
+#[test]
+fn elsp_flood_is_refused_beyond_the_pending_bound_and_the_neighbour_is_untouched() {
+    use gmig_vgpu::vgpu::{MAX_FAULT_RECORDS, MAX_PENDING_PER_ENGINE};
+    let mut h = host(2, 40);
+    let mut quiet = host(2, 40);
+    for hh in [&mut h, &mut quiet] {
+        for (v, d) in &mut hh.vgpus {
+            d.run_frames(v, 2).unwrap();
+        }
+    }
+    let (v0, d0) = &mut h.vgpus[0];
+    let state_before = v0.save().to_bytes().len();
+    let flood = 8 * MAX_PENDING_PER_ENGINE;
+    for _ in 0..flood {
+        d0.submit_raw_batch(v0, EngineId::Blitter, &build::mi_noop())
+            .unwrap();
+    }
+    assert_eq!(v0.queued(), MAX_PENDING_PER_ENGINE, "the queue is bounded");
+    let refused = flood - MAX_PENDING_PER_ENGINE;
+    assert_eq!(v0.stats().refused, refused as u64);
+    assert_eq!(
+        v0.faults().len(),
+        MAX_FAULT_RECORDS,
+        "the fault log is bounded"
+    );
+    assert!(v0.faults().iter().all(|f| f.kind == FaultKind::Flood));
+    assert!(
+        v0.faults()[0].reason.contains("pending"),
+        "{:?}",
+        v0.faults()[0]
+    );
+    let fault_reg = v0.mmio_read32(mmio::RING_FAULT_REG).unwrap();
+    assert_eq!((fault_reg >> 1) & 0x7ff, 5, "flood code in RING_FAULT_REG");
+    // What a migration would carry grows by the bounded queue and log, not by the flood.
+    let state_during = v0.save().to_bytes().len();
+    let mut bigger = host(2, 40);
+    let (vb, db) = &mut bigger.vgpus[0];
+    db.run_frames(vb, 2).unwrap();
+    for _ in 0..2 * flood {
+        db.submit_raw_batch(vb, EngineId::Blitter, &build::mi_noop())
+            .unwrap();
+    }
+    assert_eq!(
+        vb.save().to_bytes().len(),
+        state_during,
+        "twice the flood, same state size"
+    );
+    assert!(state_during > state_before);
+    // The guest sees the flood fail (its last submission never completed), then works again.
+    let rep = d0.wait(v0).unwrap();
+    assert_eq!(rep.failed, 1);
+    assert_eq!(v0.queued(), 0);
+    let failures = d0.failures();
+    d0.run_frames(v0, 3).unwrap();
+    assert_eq!(d0.failures(), failures, "later frames complete");
+    for hh in [&mut h, &mut quiet] {
+        let (v1, d1) = &mut hh.vgpus[1];
+        d1.run_frames(v1, 3).unwrap();
+    }
+    let diff = compare_guest_visible(&h.vgpus[1].0, &quiet.vgpus[1].0);
+    assert!(diff.is_identical(), "{diff:?}");
+    assert_eq!(h.vgpus[1].1.failures(), 0);
+}

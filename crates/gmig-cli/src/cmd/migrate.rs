@@ -3,11 +3,12 @@
 
 use anyhow::{anyhow, Context};
 use gmig_core::migration::{
-    migrate_destination, migrate_source, source_handle, MigrationConfig, MigrationPhase,
-    MigrationReport, Policy, Progress,
+    migrate_source, receive_migration, record_stream, restore_stream, source_handle, Incoming,
+    MigrationConfig, MigrationPhase, MigrationReport, Policy, Progress,
 };
 use gmig_core::transport::{Connection, Endpoint, Throttled};
 use gmig_vgpu::checkpoint::RestoreOptions;
+use gmig_vgpu::compare::guest_visible_digest;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 use gmig_vgpu::migratable::{parse_vgpu_type, VgpuFactory, VgpuVm};
 use gmig_vgpu::scenario::ScenarioReport;
@@ -132,6 +133,9 @@ fn engine_cfg(args: &MigrateArgs) -> MigrationConfig {
     let mut cfg = MigrationConfig::new(policy_of(args.policy));
     cfg.max_drain = args.max_drain;
     cfg.step_every_batches = 8;
+    if args.timeout.is_finite() && args.timeout > 0.0 {
+        cfg.timeout = std::time::Duration::from_secs_f64(args.timeout);
+    }
     cfg
 }
 
@@ -146,10 +150,18 @@ fn vgpu_type(args: &MigrateArgs) -> anyhow::Result<VgpuType> {
 
 /// Run `gmig migrate`.
 pub fn run(args: &MigrateArgs, json: bool) -> Result<(), Failure> {
-    match (&args.listen, &args.to) {
-        (Some(addr), _) => destination(args, &endpoint(addr)?, json),
-        (None, Some(addr)) => source(args, &endpoint(addr)?, json),
-        (None, None) => Err(Failure::Error(anyhow!("give --listen ADDR or --to ADDR"))),
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return Err(Failure::Error(anyhow!(
+            "--timeout must be a positive number of seconds"
+        )));
+    }
+    match (&args.listen, &args.to, &args.resume) {
+        (_, _, Some(path)) => resume(args, path, json),
+        (Some(addr), _, _) => destination(args, &endpoint(addr)?, json),
+        (None, Some(addr), _) => source(args, &endpoint(addr)?, json),
+        (None, None, None) => Err(Failure::Error(anyhow!(
+            "give --listen ADDR, --to ADDR or --resume FILE"
+        ))),
     }
 }
 
@@ -165,6 +177,91 @@ fn endpoint(s: &str) -> anyhow::Result<Endpoint> {
         .parse()
         .with_context(|| format!("`{s}` is neither HOST:PORT nor unix:PATH"))?;
     Ok(Endpoint::Tcp(addr))
+}
+
+/// What one side holds of the vGPU when it exits (`vgpu` in the JSON output).
+fn holds(what: &str) -> (String, serde_json::Value) {
+    ("vgpu".to_string(), what.into())
+}
+
+/// The side that runs the vGPU finishes the work queued on it, then states a digest of its
+/// guest-visible state (registers, GGTT, faults, guest RAM) so that a migrated, a rolled-back and
+/// a resumed vGPU can be checked against a reference computed elsewhere.
+fn finish_owned(vm: &mut VgpuVm) -> serde_json::Map<String, serde_json::Value> {
+    let ran = vm.run_queued();
+    let mut m = serde_json::Map::new();
+    m.insert("carried_workloads_run".into(), ran.into());
+    m.insert("gpu_faults".into(), vm.vgpu().faults().len().into());
+    m.insert(
+        "state_digest".into(),
+        format!("{:016x}", guest_visible_digest(vm.vgpu())).into(),
+    );
+    m
+}
+
+/// Save the stopped copy a side in doubt holds: a whole migration stream of it (the format
+/// `--resume` reads), written to a temporary name, synced, then renamed into place.
+fn save_checkpoint(
+    vm: VgpuVm,
+    args: &MigrateArgs,
+    role: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    let path = args
+        .checkpoint
+        .clone()
+        .unwrap_or_else(|| format!("gmig-in-doubt-{role}-{}.gmig", std::process::id()).into());
+    let mut cfg = MigrationConfig::new(Policy::StopAndCopy);
+    // The copy is already stopped and drained as far as the migration drained it: save it as is.
+    cfg.max_drain = 0;
+    let (bytes, _) = record_stream(vm, &cfg).context("encoding the stopped vGPU")?;
+    let tmp = path.with_extension("partial");
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().with_context(|| format!("writing the checkpoint {}", path.display()))?;
+    Ok(path)
+}
+
+/// A side in doubt: save its copy and say so (exit code 4).
+fn in_doubt(
+    vm: VgpuVm,
+    args: &MigrateArgs,
+    role: &str,
+    error: anyhow::Error,
+    json: bool,
+) -> Failure {
+    let mut fields = serde_json::Map::new();
+    fields.insert("role".into(), role.into());
+    let (k, v) = holds("in-doubt");
+    fields.insert(k, v);
+    match save_checkpoint(vm, args, role) {
+        Ok(path) => {
+            if !json {
+                eprintln!(
+                    "gmig: in doubt: this {role} holds a stopped copy of the vGPU, saved to {}; resume it with `gmig migrate --resume {}` only once the other side is known not to run the vGPU",
+                    path.display(),
+                    path.display()
+                );
+            }
+            fields.insert("checkpoint".into(), path.display().to_string().into());
+            Failure::Migration {
+                error,
+                fields,
+                in_doubt: true,
+            }
+        }
+        Err(e) => Failure::Migration {
+            error: error.context(format!(
+                "in doubt, and the stopped copy could not be saved ({e:#}); this process held the last copy on this side"
+            )),
+            fields,
+            in_doubt: true,
+        },
+    }
 }
 
 fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> {
@@ -188,34 +285,57 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
         memory: None,
         ram_by_vmm: false,
     };
-    let (mut vm, rep) =
-        migrate_destination(factory, conn, &engine_cfg(args)).context("incoming migration")?;
-    let queued = vm.run_queued();
-    let faults = vm.vgpu().faults().len();
+    let (mut vm, rep) = match receive_migration(factory, conn, &engine_cfg(args)) {
+        Ok(Incoming::Running(vm, rep)) => (vm, rep),
+        Ok(Incoming::InDoubt { vm, error }) => {
+            return Err(in_doubt(
+                vm,
+                args,
+                "destination",
+                anyhow!(error).context("incoming migration"),
+                json,
+            ))
+        }
+        Err(e) => {
+            let mut fields = serde_json::Map::new();
+            fields.insert("role".into(), "destination".into());
+            let (k, v) = holds("none");
+            fields.insert(k, v);
+            return Err(Failure::Migration {
+                error: anyhow!(e).context("incoming migration; nothing of the vGPU is kept here"),
+                fields,
+                in_doubt: false,
+            });
+        }
+    };
+    let owned = finish_owned(&mut vm);
     if json {
-        let obj = serde_json::json!({
+        let mut obj = serde_json::json!({
             "ok": true,
             "role": "destination",
+            "vgpu": "running",
             "pages_received": rep.pages,
             "bytes_received": rep.bytes,
             "restore_ms": rep.times.restore_ns as f64 / 1e6,
             "remap_ms": rep.times.remap_ns as f64 / 1e6,
-            "carried_workloads_run": queued,
-            "gpu_faults": faults,
             "slices": [slices.aperture.base.0, slices.hidden.base.0],
         });
+        if let Some(o) = obj.as_object_mut() {
+            o.extend(owned);
+        }
         println!("{obj}");
     } else {
         println!(
-            "received {} pages ({}), restored in {:.3} ms + remapped in {:.3} ms onto slices 0x{:x}/0x{:x}; ran {} carried workload(s), {} GPU fault(s)",
+            "received {} pages ({}), restored in {:.3} ms + remapped in {:.3} ms onto slices 0x{:x}/0x{:x}; the vGPU runs here: ran {} carried workload(s), {} GPU fault(s), state digest {}",
             rep.pages,
             human_bytes(rep.bytes),
             rep.times.restore_ns as f64 / 1e6,
             rep.times.remap_ns as f64 / 1e6,
             slices.aperture.base.0,
             slices.hidden.base.0,
-            queued,
-            faults
+            owned["carried_workloads_run"],
+            owned["gpu_faults"],
+            owned["state_digest"].as_str().unwrap_or_default(),
         );
     }
     Ok(())
@@ -257,6 +377,7 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
     let (bar, mut progress) = progress_bar(json);
     let result = migrate_source(&mut handle, conn, &cfg, &mut progress);
     bar.finish_and_clear();
+    let frames = handle.device().vm().frames();
     match result {
         Ok(report) => {
             if json {
@@ -264,18 +385,89 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
                 if let Some(m) = obj.as_object_mut() {
                     m.insert("ok".into(), true.into());
                     m.insert("role".into(), "source".into());
+                    m.insert("vgpu".into(), "none".into());
+                    m.insert("frames".into(), frames.into());
                 }
                 println!("{obj}");
             } else {
                 print_report(&report);
+                println!("the vGPU runs on the destination ({frames} guest frames submitted here)");
             }
             Ok(())
         }
+        Err(e) if e.in_doubt() => {
+            let phase = MigrationPhase::from(&e);
+            let vm = handle.into_device().into_vm();
+            let mut f = in_doubt(
+                vm,
+                args,
+                "source",
+                anyhow!(e).context(format!("migration broke during {phase}, after COMMIT")),
+                json,
+            );
+            if let Failure::Migration { fields, .. } = &mut f {
+                fields.insert("frames".into(), frames.into());
+            }
+            Err(f)
+        }
         Err(e) => {
             let phase = MigrationPhase::from(&e);
-            Err(Failure::Error(anyhow!(
-                "migration failed during {phase}: {e}; the vGPU is running on the source again"
-            )))
+            let mut vm = handle.into_device().into_vm();
+            let mut fields = finish_owned(&mut vm);
+            fields.insert("role".into(), "source".into());
+            let (k, v) = holds("running");
+            fields.insert(k, v);
+            fields.insert("frames".into(), frames.into());
+            if !json {
+                eprintln!(
+                    "gmig: the vGPU runs on the source again; state digest {}",
+                    fields["state_digest"].as_str().unwrap_or_default()
+                );
+            }
+            Err(Failure::Migration {
+                error: anyhow!(e).context(format!(
+                    "migration failed during {phase}; the vGPU is running on the source again"
+                )),
+                fields,
+                in_doubt: false,
+            })
         }
     }
+}
+
+/// `gmig migrate --resume FILE`: restore the copy a side in doubt saved, and run it.
+fn resume(args: &MigrateArgs, path: &std::path::Path, json: bool) -> Result<(), Failure> {
+    let ty = vgpu_type(args)?;
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("reading the checkpoint {}", path.display()))?;
+    let mut pm = PartitionManager::new(HostConfig::default()).context("host")?;
+    let (_, slices) = pm.place(ty).context("placing the vGPU")?;
+    let factory = VgpuFactory {
+        gen: gmig_cmdparser::Gen::Gen9,
+        ty,
+        slices,
+        ram_bytes: args.ram_mib << 20,
+        opts: RestoreOptions::default(),
+        memory: None,
+        ram_by_vmm: false,
+    };
+    let mut vm = restore_stream(factory, &bytes, &engine_cfg(args))
+        .with_context(|| format!("resuming from {}", path.display()))?;
+    let owned = finish_owned(&mut vm);
+    if json {
+        let mut obj = serde_json::json!({ "ok": true, "role": "resumed", "vgpu": "running" });
+        if let Some(o) = obj.as_object_mut() {
+            o.extend(owned);
+        }
+        println!("{obj}");
+    } else {
+        println!(
+            "resumed the vGPU from {}: it runs here; ran {} carried workload(s), {} GPU fault(s), state digest {}",
+            path.display(),
+            owned["carried_workloads_run"],
+            owned["gpu_faults"],
+            owned["state_digest"].as_str().unwrap_or_default(),
+        );
+    }
+    Ok(())
 }

@@ -154,6 +154,36 @@ pub enum MigrationError {
     /// A bad configuration.
     #[error("configuration: {0}")]
     Config(String),
+    /// The source called the migration off and runs the vGPU again (destination side: what it
+    /// received is dropped, with certainty that no copy is lost).
+    #[error(
+        "the source called the migration off during {phase} and runs the vGPU again: {reason}"
+    )]
+    Aborted {
+        /// Phase.
+        phase: MigrationPhase,
+        /// The source's reason.
+        reason: String,
+    },
+    /// The switch-over broke at a point where this side cannot tell whether the other side runs
+    /// the vGPU: the source after it sent COMMIT without hearing RESUMED, the destination after
+    /// it restored the vGPU without hearing COMMIT or ABORTED. This side holds a complete,
+    /// stopped copy and does not run it; exactly one of the two copies may be resumed, once the
+    /// other side is known not to run (docs/reliability.md).
+    #[error("in doubt after {phase}: {cause}")]
+    InDoubt {
+        /// The phase that broke.
+        phase: MigrationPhase,
+        /// What broke it.
+        cause: Box<MigrationError>,
+    },
+}
+
+impl MigrationError {
+    /// Whether this side holds a stopped copy it must neither run nor drop on its own.
+    pub fn in_doubt(&self) -> bool {
+        matches!(self, MigrationError::InDoubt { .. })
+    }
 }
 
 /// Result of engine operations.

@@ -73,9 +73,15 @@ fn expect_control<C: Read>(conn: &mut C, phase: MigrationPhase, want: &Control) 
 
 /// Migrate the VM inside `handle` (which must be RUNNING) over `conn`.
 ///
-/// On success the source is left in STOP (the vGPU runs on the destination). On failure before
-/// the commit the source is back in RUNNING with its workload and queue intact, and the error
-/// says in which phase and why.
+/// Who owns the vGPU when this returns:
+/// - `Ok`: the destination runs it (it said RESUMED); the source is left in STOP.
+/// - an error before COMMIT was sent: the source, back in RUNNING with its workload and queue
+///   intact; the destination is told (ABORTED) to drop what it received, when the link still
+///   works. The error says in which phase and why.
+/// - [`MigrationError::InDoubt`]: COMMIT went out (or may have) but RESUMED never came, so the
+///   destination may be running the vGPU. The source stays in STOP, still holding the complete
+///   state (take it with `handle.into_device().into_vm()`, save it with [`record_stream`]), and
+///   must not run it unless the destination is known not to.
 pub fn migrate_source<V: MigratableVm, C: Connection>(
     handle: &mut MigrationHandle<SourceDevice<V>>,
     conn: C,
@@ -85,6 +91,16 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
     let mut conn = Counted::new(conn);
     let mut committed = false;
     let mut result = run_source(handle, &mut conn, cfg, progress, &mut committed);
+    if committed {
+        return result.map_err(|e| {
+            tracing::error!(error = %e, "switch-over broke after COMMIT: in doubt; the source keeps its stopped copy");
+            let _ = conn.shutdown();
+            MigrationError::InDoubt {
+                phase: MigrationPhase::from(&e),
+                cause: Box::new(e),
+            }
+        });
+    }
     if let Err(MigrationError::Transport { phase, .. } | MigrationError::Closed { phase }) = &result
     {
         let phase = *phase;
@@ -99,8 +115,15 @@ pub fn migrate_source<V: MigratableVm, C: Connection>(
             }
         }
     }
-    if let (Err(e), false) = (&result, committed) {
+    if let Err(e) = &result {
         tracing::warn!(error = %e, "migration failed; returning the source to RUNNING");
+        // A destination that already restored the vGPU would otherwise keep it in doubt.
+        if conn
+            .set_write_timeout(Some(Duration::from_millis(200)))
+            .is_ok()
+        {
+            let _ = Control::Aborted(e.to_string()).write_to(&mut conn);
+        }
         let _ = conn.shutdown();
         // Back to RUNNING: from PRE_COPY by aborting it, from STOP_COPY through STOP; a device in
         // ERROR is reset (which also resumes it).
@@ -267,9 +290,10 @@ fn run_source<V: MigratableVm, C: Connection>(
 
     expect_control(conn, P::Restore, &Control::Restored)?;
     let t_restored = Instant::now();
-    Control::Commit.write_to(conn).map_err(io_err(P::Commit))?;
+    // From the first byte of COMMIT on, the destination may run the vGPU: only RESUMED tells.
     *committed = true;
-    tracing::debug!("committed: the vGPU belongs to the destination");
+    Control::Commit.write_to(conn).map_err(io_err(P::Commit))?;
+    tracing::debug!("committed: the vGPU belongs to the destination once it says RESUMED");
     let stats = handle.device().stats();
     // The session is over on this side; the source stays stopped.
     MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Commit))?;
@@ -330,14 +354,51 @@ pub struct DestReport {
 
 /// Receive a migration on `conn` and return the restored, running VM.
 ///
-/// Nothing is built until every section has validated; on any failure the received memory and
-/// state are dropped, the source is told why (when the connection still works), and the error is
-/// returned.
+/// Nothing is built until every section has validated; on any failure before the restore the
+/// received memory and state are dropped, the source is told why (when the connection still
+/// works), and the error is returned. A failure after the restore that leaves this side in doubt
+/// drops the restored copy too and returns [`MigrationError::InDoubt`]: use [`receive_migration`]
+/// to keep that copy.
 pub fn migrate_destination<F: VmFactory, C: Connection>(
     factory: F,
     conn: C,
     cfg: &MigrationConfig,
 ) -> Result<(F::Vm, DestReport)> {
+    match receive_migration(factory, conn, cfg)? {
+        Incoming::Running(vm, report) => Ok((vm, report)),
+        Incoming::InDoubt { error, .. } => Err(error),
+    }
+}
+
+/// How an incoming migration ended, when it did not fail outright.
+#[derive(Debug)]
+pub enum Incoming<V> {
+    /// COMMIT arrived: the vGPU runs here and this side owns it.
+    Running(V, DestReport),
+    /// The vGPU was restored, but neither COMMIT nor ABORTED arrived: the source may have died
+    /// holding nothing (then this is the only copy) or may run the vGPU again (then this copy
+    /// must be dropped). The VM is restored and stopped; it must not run unless the source is
+    /// known not to.
+    InDoubt {
+        /// The restored, stopped VM.
+        vm: V,
+        /// [`MigrationError::InDoubt`], with what broke the hand-over.
+        error: MigrationError,
+    },
+}
+
+/// Receive a migration on `conn`: like [`migrate_destination`], but a destination left in doubt
+/// keeps its restored copy ([`Incoming::InDoubt`]) instead of dropping it.
+///
+/// Ownership: before the restore the source owns the vGPU and any failure here drops what was
+/// received (`Err`). After the restore this side holds a complete copy; COMMIT makes it the
+/// owner, ABORTED (the source runs it again) makes it drop the copy (`Err`), and anything else —
+/// the source vanishing, the link dying, a timeout — leaves it in doubt.
+pub fn receive_migration<F: VmFactory, C: Connection>(
+    factory: F,
+    conn: C,
+    cfg: &MigrationConfig,
+) -> Result<Incoming<F::Vm>> {
     let mut conn = Counted::new(conn);
     let mut handle = MigrationHandle::new(DestDevice::new(factory, cfg.limits)).map_err(|e| {
         MigrationError::Device {
@@ -345,17 +406,31 @@ pub fn migrate_destination<F: VmFactory, C: Connection>(
             source: TargetError::Handle(e),
         }
     })?;
-    let result = run_destination(&mut handle, &mut conn, cfg);
-    if let Err(e) = &result {
-        if !matches!(
-            e,
-            MigrationError::Transport { .. } | MigrationError::Closed { .. }
-        ) {
-            let _ = Control::Rejected(e.to_string()).write_to(&mut conn);
+    let e = match run_destination(&mut handle, &mut conn, cfg) {
+        Ok((vm, report)) => return Ok(Incoming::Running(vm, report)),
+        Err(e) => e,
+    };
+    let aborted = matches!(e, MigrationError::Aborted { .. });
+    if !aborted {
+        if let Some(vm) = handle.device_mut().take_vm() {
+            tracing::error!(error = %e, "hand-over broke after the restore: in doubt; keeping the stopped copy");
+            let _ = conn.shutdown();
+            let error = MigrationError::InDoubt {
+                phase: MigrationPhase::from(&e),
+                cause: Box::new(e),
+            };
+            return Ok(Incoming::InDoubt { vm, error });
         }
-        let _ = conn.shutdown();
     }
-    result
+    if !matches!(
+        e,
+        MigrationError::Transport { .. } | MigrationError::Closed { .. }
+    ) && !aborted
+    {
+        let _ = Control::Rejected(e.to_string()).write_to(&mut conn);
+    }
+    let _ = conn.shutdown();
+    Err(e)
 }
 
 fn run_destination<F: VmFactory, C: Connection>(
@@ -403,7 +478,21 @@ fn run_destination<F: VmFactory, C: Connection>(
     Control::Restored
         .write_to(conn)
         .map_err(io_err(P::Restore))?;
-    expect_control(conn, P::Commit, &Control::Commit)?;
+    match read_control(conn, P::Commit)? {
+        Control::Commit => {}
+        Control::Aborted(reason) => {
+            return Err(MigrationError::Aborted {
+                phase: P::Commit,
+                reason,
+            })
+        }
+        got => {
+            return Err(MigrationError::Unexpected {
+                phase: P::Commit,
+                got: format!("{got:?}"),
+            })
+        }
+    }
     MigrationTarget::set_state(handle, DeviceState::Running).map_err(dev_err(P::Resume))?;
     let times = handle.device().times();
     let pages = handle.device().pages_received();
@@ -439,10 +528,52 @@ impl From<&MigrationError> for MigrationPhase {
             | MigrationError::Protocol { phase, .. }
             | MigrationError::Unexpected { phase, .. }
             | MigrationError::Device { phase, .. }
-            | MigrationError::Vm { phase, .. } => *phase,
+            | MigrationError::Vm { phase, .. }
+            | MigrationError::Aborted { phase, .. }
+            | MigrationError::InDoubt { phase, .. } => *phase,
             MigrationError::Config(_) => MigrationPhase::Handshake,
         }
     }
+}
+
+/// Restore a VM from a whole stream held in memory — a checkpoint written with [`record_stream`],
+/// such as the stopped copy a side left in doubt saves — and run it: RESUMING, the bytes, STOP,
+/// RUNNING. As on a migration's destination, nothing is built until every section validated.
+pub fn restore_stream<F: VmFactory>(
+    factory: F,
+    bytes: &[u8],
+    cfg: &MigrationConfig,
+) -> Result<F::Vm> {
+    use MigrationPhase as P;
+    let mut handle = MigrationHandle::new(DestDevice::new(factory, cfg.limits)).map_err(|e| {
+        MigrationError::Device {
+            phase: P::Handshake,
+            source: TargetError::Handle(e),
+        }
+    })?;
+    MigrationTarget::set_state(&mut handle, DeviceState::Resuming)
+        .map_err(dev_err(P::Handshake))?;
+    for piece in bytes.chunks(cfg.chunk.max(4096)) {
+        MigrationTarget::write_data(&mut handle, piece).map_err(dev_err(P::StopCopy))?;
+    }
+    if !handle.device().stream_complete() {
+        return Err(MigrationError::Unexpected {
+            phase: P::StopCopy,
+            got: format!(
+                "end of input after {} bytes, before the stream's end",
+                bytes.len()
+            ),
+        });
+    }
+    MigrationTarget::set_state(&mut handle, DeviceState::Stop).map_err(dev_err(P::Restore))?;
+    MigrationTarget::set_state(&mut handle, DeviceState::Running).map_err(dev_err(P::Resume))?;
+    handle
+        .device_mut()
+        .take_vm()
+        .ok_or(MigrationError::Unexpected {
+            phase: P::Resume,
+            got: "no restored VM".into(),
+        })
 }
 
 /// Write helper used by tests and tools: a whole stream of `vm`'s current state, as stop-and-copy

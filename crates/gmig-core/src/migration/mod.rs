@@ -35,7 +35,10 @@ pub use config::{
     MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy, Progress, Result,
 };
 pub use dest::DestDevice;
-pub use engine::{migrate_destination, migrate_source, record_stream, source_handle, DestReport};
+pub use engine::{
+    migrate_destination, migrate_source, receive_migration, record_stream, restore_stream,
+    source_handle, DestReport, Incoming,
+};
 pub use source::{SourceDevice, SourceStats};
 pub use vm::{
     decode_state, encode_state, Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError,

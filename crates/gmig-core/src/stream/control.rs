@@ -27,6 +27,9 @@ pub enum Control {
         /// GGTT remap time, nanoseconds.
         remap_ns: u64,
     },
+    /// Source → destination: the migration is called off and the source runs the vGPU again;
+    /// drop everything received. The reason in words.
+    Aborted(String),
 }
 
 /// Magic of a control frame.
@@ -44,13 +47,14 @@ impl Control {
             Control::Restored => 3,
             Control::Commit => 4,
             Control::Resumed { .. } => 5,
+            Control::Aborted(_) => 6,
         }
     }
 
     /// Write the frame.
     pub fn write_to<W: Write>(&self, w: &mut W) -> io::Result<()> {
         let payload: Vec<u8> = match self {
-            Control::Rejected(msg) => {
+            Control::Rejected(msg) | Control::Aborted(msg) => {
                 let mut end = msg.len().min(Self::MAX_PAYLOAD as usize);
                 while !msg.is_char_boundary(end) {
                     end -= 1;
@@ -129,6 +133,9 @@ impl Control {
                     remap_ns: u64::from_le_bytes(b),
                 })
             }
+            6 => Ok(Control::Aborted(
+                String::from_utf8_lossy(&payload).into_owned(),
+            )),
             other => Err(bad("unknown kind", other.into())),
         }
     }
