@@ -116,6 +116,17 @@ pub struct VmMigrateArgs {
     /// Source: guest exits between pre-copy rounds.
     #[arg(long, default_value_t = 64)]
     pub round_exits: u64,
+    /// Run the VM a side left in doubt from its journal file, then run it to the end (only once
+    /// the other side is known not to run the VM).
+    #[arg(long, conflicts_with_all = ["listen", "to"])]
+    pub resume: Option<PathBuf>,
+    /// The journal of what this side sends (source) or receives (destination), kept only if the
+    /// switch-over leaves it in doubt (default: gmig-vm-in-doubt-ROLE-PID.gmigvm here).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Seconds either side waits on the connection before it gives up.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
 }
 
 /// GEN generation of the command stream.

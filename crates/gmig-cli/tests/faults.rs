@@ -114,9 +114,38 @@ impl Trip {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, trip: &Trip, dir: Dir) {
+/// Where in a direction the fault strikes: past a byte offset, or (whole-VM stream, towards the
+/// destination) past the end of the DONE record, that is on the source's COMMIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Limit {
+    Bytes(u64),
+    VmStreamEnd,
+}
+
+/// The end of the whole-VM stream's DONE record in `bytes`, once it arrived; `cursor` walks the
+/// records (magic, then tag u8, length u32 LE, crc u32, payload).
+fn vm_done_end(bytes: &[u8], cursor: &mut usize) -> Option<u64> {
+    const DONE: u8 = 7;
+    *cursor = (*cursor).max(8);
+    while let Some(head) = bytes.get(*cursor..*cursor + 9) {
+        let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let end = *cursor + 9 + len;
+        if end > bytes.len() {
+            return None;
+        }
+        if head[0] == DONE {
+            return Some(end as u64);
+        }
+        *cursor = end;
+    }
+    None
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<Limit>, trip: &Trip, dir: Dir) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut sent = 0u64;
+    let mut cursor = 0;
+    let mut limit = limit;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => {
@@ -131,14 +160,19 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<u64>, trip: &Trip,
             continue; // swallowed: after a cut nothing crosses, after a kill nothing matters
         }
         let mut take = n;
-        if let Some(l) = limit {
+        if let Some(Limit::Bytes(l)) = limit {
             take = take.min(usize::try_from(l.saturating_sub(sent)).unwrap_or(usize::MAX));
         }
         if dir == Dir::ToDest {
-            trip.captured
-                .lock()
-                .unwrap()
-                .extend_from_slice(&buf[..take]);
+            let mut captured = trip.captured.lock().unwrap();
+            captured.extend_from_slice(&buf[..take]);
+            if limit == Some(Limit::VmStreamEnd) {
+                // COMMIT only follows the destination's ACK of the whole stream, so it never
+                // shares a read with the stream's last bytes.
+                if let Some(end) = vm_done_end(&captured, &mut cursor) {
+                    limit = Some(Limit::Bytes(end));
+                }
+            }
         }
         if to.write_all(&buf[..take]).is_err() {
             return;
@@ -164,7 +198,7 @@ impl Proxy {
     }
 
     /// Relays the first connection; returns the handle to wait on and the shared trip state.
-    fn run(self, trigger: Option<(Dir, u64)>, trip: Arc<Trip>) -> thread::JoinHandle<()> {
+    fn run(self, trigger: Option<(Dir, Limit)>, trip: Arc<Trip>) -> thread::JoinHandle<()> {
         thread::spawn(move || {
             let Ok((src, _)) = self.listener.accept() else {
                 return;
@@ -198,7 +232,7 @@ impl Proxy {
     }
 }
 
-/// What one process said when it exited (None: killed, or no JSON).
+/// What one process said when it exited (None: killed, or no JSON): its JSON lines merged.
 #[derive(Debug, Clone)]
 struct Side {
     json: Option<serde_json::Value>,
@@ -206,10 +240,12 @@ struct Side {
 }
 
 impl Side {
+    /// What this side holds: `vgpu` (gmig migrate) or `vm` (gmig vm migrate).
     fn vgpu(&self) -> &str {
         self.json
             .as_ref()
-            .and_then(|j| j["vgpu"].as_str())
+            .and_then(|j| j.get("vgpu").or_else(|| j.get("vm")))
+            .and_then(serde_json::Value::as_str)
             .unwrap_or("killed")
     }
     fn field(&self, k: &str) -> Option<&serde_json::Value> {
@@ -219,8 +255,14 @@ impl Side {
 
 fn side(out: &Output) -> Side {
     let text = String::from_utf8_lossy(&out.stdout);
+    let mut merged: Option<serde_json::Map<String, serde_json::Value>> = None;
+    for line in text.lines() {
+        if let Ok(serde_json::Value::Object(o)) = serde_json::from_str(line) {
+            merged.get_or_insert_with(Default::default).extend(o);
+        }
+    }
     Side {
-        json: serde_json::from_str(text.trim()).ok(),
+        json: merged.map(serde_json::Value::Object),
         code: out.status.code(),
     }
 }
@@ -248,17 +290,51 @@ struct Run {
     captured: Vec<u8>,
 }
 
-/// One migration through the proxy, with the fault fired at `trigger` (none: a clean run).
+/// One `gmig migrate` pair through the proxy, with the fault fired at `trigger` (none: a clean
+/// run).
 fn run(trigger: Option<(Dir, u64)>, fault: Fault, dir: &Path) -> Run {
+    let dest = |addr: &str| {
+        let mut c = gmig();
+        common(&mut c)
+            .args(["--listen", addr, "--checkpoint"])
+            .arg(dir.join("destination.gmig"));
+        c
+    };
+    let source = |addr: &str| {
+        let mut c = gmig();
+        common(&mut c)
+            .args(["--to", addr, "--frames-before", "1"])
+            .args(["--seed", &SEED.to_string(), "--profile", "desktop"])
+            .args(["--policy", "one-shot-narrow", "--checkpoint"])
+            .arg(dir.join("source.gmig"));
+        c
+    };
+    run_pair(
+        dest,
+        source,
+        trigger.map(|(d, at)| (d, Limit::Bytes(at))),
+        fault,
+    )
+}
+
+fn free_addr() -> String {
     let port = TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let dest_addr = format!("127.0.0.1:{port}");
-    let dest = common(&mut gmig())
-        .args(["--listen", &dest_addr, "--checkpoint"])
-        .arg(dir.join("destination.gmig"))
+    format!("127.0.0.1:{port}")
+}
+
+/// Any destination and source command pair through the proxy.
+fn run_pair(
+    dest: impl FnOnce(&str) -> Command,
+    source: impl FnOnce(&str) -> Command,
+    trigger: Option<(Dir, Limit)>,
+    fault: Fault,
+) -> Run {
+    let dest_addr = free_addr();
+    let dest = dest(&dest_addr)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -273,11 +349,7 @@ fn run(trigger: Option<(Dir, u64)>, fault: Fault, dir: &Path) -> Run {
         captured: Mutex::new(Vec::new()),
     });
     let relay = proxy.run(trigger, trip.clone());
-    let source = common(&mut gmig())
-        .args(["--to", &proxy_addr, "--frames-before", "1"])
-        .args(["--seed", &SEED.to_string(), "--profile", "desktop"])
-        .args(["--policy", "one-shot-narrow", "--checkpoint"])
-        .arg(dir.join("source.gmig"))
+    let source = source(&proxy_addr)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -459,108 +531,42 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
             .collect();
         chunks.into_iter().flat_map(|h| h.join().unwrap()).collect()
     });
+    let flavour = Flavour {
+        state: &|j| {
+            j.get("state_digest")
+                .and_then(|d| d.as_str())
+                .map(str::to_string)
+        },
+        resume: &resume,
+        expected: &|src| {
+            let frames = src
+                .and_then(|j| j.get("frames"))
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(frames_at_stop);
+            reference_digest(frames)
+        },
+    };
     for (fault, p, r, dir) in results {
-        let phase = phases[p].0;
-        let (sv, dv) = (r.source.vgpu(), r.dest.vgpu());
-        let mut check = |ok: bool, what: String| {
-            if !ok {
-                failures.push(format!(
-                    "{} at {phase}: {what} ({r:?})",
-                    fault.name(),
-                    r = (&r.source, &r.dest)
-                ));
-            }
-        };
-        check(
-            !(sv == "running" && dv == "running"),
-            "both sides run the vGPU".into(),
-        );
-        // Every exit a survivor makes says what it holds, with the documented exit code.
-        for (s, role) in [(&r.source, "source"), (&r.dest, "destination")] {
-            let want = match s.vgpu() {
-                "killed" => None,
-                "in-doubt" => Some(4),
-                "running" if role == "destination" => Some(0),
-                "none" if role == "source" => Some(0),
-                _ => Some(1),
-            };
-            check(s.code == want, format!("{role} exit code {:?}", s.code));
-        }
-        let frames = r
-            .source
-            .field("frames")
-            .and_then(serde_json::Value::as_u64)
-            .unwrap_or(frames_at_stop);
-        let (outcome, digest) = match (sv, dv) {
-            ("running", _) => (
-                format!(
-                    "source runs{}",
-                    if dv == "in-doubt" {
-                        "; destination's in-doubt copy discarded"
-                    } else {
-                        ""
-                    }
-                ),
-                r.source.field("state_digest").cloned(),
-            ),
-            (_, "running") => (
-                format!(
-                    "destination runs{}",
-                    if sv == "in-doubt" {
-                        "; source's in-doubt copy discarded"
-                    } else {
-                        ""
-                    }
-                ),
-                r.dest.field("state_digest").cloned(),
-            ),
-            (_, "in-doubt") => {
-                let resumed = resume(Path::new(
-                    r.dest.field("checkpoint").unwrap().as_str().unwrap(),
-                ));
-                let mut o = "destination's in-doubt copy resumed".to_string();
-                if sv == "in-doubt" {
-                    // Both held a copy: they are the same vGPU.
-                    let other = resume(Path::new(
-                        r.source.field("checkpoint").unwrap().as_str().unwrap(),
-                    ));
-                    check(
-                        other["state_digest"] == resumed["state_digest"],
-                        "the two in-doubt copies differ".into(),
-                    );
-                    o.push_str(" (source's identical copy discarded)");
-                }
-                (o, resumed.get("state_digest").cloned())
-            }
-            ("in-doubt", _) => (
-                "source's in-doubt copy resumed".to_string(),
-                resume(Path::new(
-                    r.source.field("checkpoint").unwrap().as_str().unwrap(),
-                ))
-                .get("state_digest")
-                .cloned(),
-            ),
-            _ => ("lost with the killed source".to_string(), None),
-        };
-        match digest {
-            Some(d) => check(
-                d.as_str() == Some(reference_digest(frames).as_str()),
-                format!("owner's state {d} differs from the unmigrated guest at frame {frames}"),
-            ),
-            None => check(
-                fault == Fault::KillSource && p <= 4 && dv == "none",
-                "no side owns the vGPU".into(),
-            ),
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        table.push(format!(
-            "| {} | {phase} | {sv} | {dv} | {outcome} |",
-            fault.name()
+        // Before the destination holds a complete copy, a killed source takes the guest with it.
+        let lost_ok = fault == Fault::KillSource && p <= 4;
+        table.push(judge(
+            fault,
+            phases[p].0,
+            lost_ok,
+            &r,
+            &flavour,
+            &mut failures,
         ));
+        let _ = std::fs::remove_dir_all(&dir);
     }
+    print_table(&table, t0);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn print_table(table: &[String], t0: Instant) {
     eprintln!("| fault | phase | source ends | destination ends | owner afterwards |");
     eprintln!("|---|---|---|---|---|");
-    for row in &table {
+    for row in table {
         eprintln!("{row}");
     }
     eprintln!(
@@ -568,5 +574,251 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
         table.len(),
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// How one kind of pair states its state and resumes a saved copy.
+struct Flavour<'a> {
+    /// The owner's state, from its JSON: the vGPU's digest, or the guest's checksum line.
+    state: &'a dyn Fn(&serde_json::Value) -> Option<String>,
+    /// Resumes a checkpoint file; the resumed side's JSON.
+    resume: &'a dyn Fn(&Path) -> serde_json::Value,
+    /// The unmigrated guest's state, given the source's JSON when the source survived.
+    expected: &'a dyn Fn(Option<&serde_json::Value>) -> String,
+}
+
+/// Checks one cell and resolves its doubt as an operator would; returns its table row.
+fn judge(
+    fault: Fault,
+    phase: &str,
+    lost_ok: bool,
+    r: &Run,
+    fl: &Flavour<'_>,
+    failures: &mut Vec<String>,
+) -> String {
+    let (sv, dv) = (r.source.vgpu(), r.dest.vgpu());
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failures.push(format!(
+                "{} at {phase}: {what} ({r:?})",
+                fault.name(),
+                r = (&r.source, &r.dest)
+            ));
+        }
+    };
+    check(
+        !(sv == "running" && dv == "running"),
+        "both sides run the guest".into(),
+    );
+    // Every exit a survivor makes says what it holds, with the documented exit code.
+    for (s, role) in [(&r.source, "source"), (&r.dest, "destination")] {
+        let want = match s.vgpu() {
+            "killed" => None,
+            "in-doubt" => Some(4),
+            "running" if role == "destination" => Some(0),
+            "none" if role == "source" => Some(0),
+            _ => Some(1),
+        };
+        check(s.code == want, format!("{role} exit code {:?}", s.code));
+    }
+    let checkpoint = |s: &Side| {
+        let path = s.field("checkpoint").and_then(|p| p.as_str()).unwrap_or("");
+        (fl.resume)(Path::new(path))
+    };
+    let (outcome, state) = match (sv, dv) {
+        ("running", _) => (
+            format!(
+                "source runs{}",
+                if dv == "in-doubt" {
+                    "; destination's in-doubt copy discarded"
+                } else {
+                    ""
+                }
+            ),
+            r.source.json.as_ref().and_then(fl.state),
+        ),
+        (_, "running") => (
+            format!(
+                "destination runs{}",
+                if sv == "in-doubt" {
+                    "; source's in-doubt copy discarded"
+                } else {
+                    ""
+                }
+            ),
+            r.dest.json.as_ref().and_then(fl.state),
+        ),
+        (_, "in-doubt") => {
+            let resumed = (fl.state)(&checkpoint(&r.dest));
+            let mut o = "destination's in-doubt copy resumed".to_string();
+            if sv == "in-doubt" {
+                // Both held a copy: they are the same guest.
+                let other = (fl.state)(&checkpoint(&r.source));
+                check(other == resumed, "the two in-doubt copies differ".into());
+                o.push_str(" (source's identical copy discarded)");
+            }
+            (o, resumed)
+        }
+        ("in-doubt", _) => (
+            "source's in-doubt copy resumed".to_string(),
+            (fl.state)(&checkpoint(&r.source)),
+        ),
+        _ => ("lost with the killed source".to_string(), None),
+    };
+    match state {
+        Some(d) => {
+            let want = (fl.expected)(r.source.json.as_ref());
+            check(
+                d == want,
+                format!("owner's state {d} differs from the unmigrated guest's {want}"),
+            );
+        }
+        None => check(lost_ok && dv == "none", "no side owns the guest".into()),
+    }
+    format!("| {} | {phase} | {sv} | {dv} | {outcome} |", fault.name())
+}
+
+/// The guest arguments of the whole-VM cells (as `tests/vm.rs` runs them).
+const VM_GUEST: [&str; 4] = ["--frames", "24", "--ram-mib", "64"];
+
+fn vm_cmd() -> Command {
+    let mut c = gmig();
+    c.args(["--json", "vm"])
+        .arg("migrate")
+        .args(VM_GUEST)
+        .args(["--timeout", TIMEOUT])
+        .env("RUST_LOG", "off");
+    c
+}
+
+/// The guest's own checksum line, printed when it halts.
+fn vm_checksum(j: &serde_json::Value) -> Option<String> {
+    j.get("serial")?
+        .as_str()?
+        .lines()
+        .find(|l| l.starts_with("checksum"))
+        .map(str::to_string)
+}
+
+/// The same faults on the whole-VM path: two `gmig vm migrate` processes (a KVM guest driving the
+/// vGPU, RAM and vCPU migrated by the VMM), at a point inside the stream and at each step of the
+/// hand-over (the destination's ACK, the source's COMMIT, the destination's RESUMED), where a
+/// lost message used to let both sides run the guest. An in-doubt side's copy is the journal of
+/// the stream it sent or received, resumed with `gmig vm migrate --resume`; every owner's guest
+/// must print the checksum of an unmigrated run.
+#[test]
+fn whole_vm_migration_has_one_owner_after_every_fault_at_the_switch_over() {
+    if !Path::new("/dev/kvm").exists() {
+        eprintln!("SKIPPED: /dev/kvm is absent; `gmig vm` needs KVM");
+        return;
+    }
+    let t0 = Instant::now();
+    let out = gmig()
+        .args(["--json", "vm", "run"])
+        .args(VM_GUEST)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference = vm_checksum(&side(&out).json.unwrap()).expect("a checksum line");
+    let tmp = tempfile::tempdir().unwrap();
+    let cell = |trigger: Option<(Dir, Limit)>, fault: Fault, dir: &Path| {
+        std::fs::create_dir_all(dir).unwrap();
+        let dest = |addr: &str| {
+            let mut c = vm_cmd();
+            c.args(["--listen", addr, "--slot", "1", "--checkpoint"])
+                .arg(dir.join("destination.gmigvm"));
+            c
+        };
+        let source = |addr: &str| {
+            let mut c = vm_cmd();
+            c.args(["--to", addr, "--at-frame", "8", "--checkpoint"])
+                .arg(dir.join("source.gmigvm"));
+            c
+        };
+        run_pair(dest, source, trigger, fault)
+    };
+    let base = cell(None, Fault::Cut, &tmp.path().join("clean"));
+    assert_eq!(base.source.code, Some(0), "{:?}", base.source);
+    assert_eq!(base.dest.code, Some(0), "{:?}", base.dest);
+    assert_eq!(
+        base.dest.json.as_ref().and_then(vm_checksum),
+        Some(reference.clone())
+    );
+    let wire = base.source.field("wire_bytes").unwrap().as_u64().unwrap();
+    // No journal is left behind by a migration that completed.
+    assert_eq!(
+        std::fs::read_dir(tmp.path().join("clean")).unwrap().count(),
+        0
+    );
+
+    let phases: [(&str, Dir, Limit); 4] = [
+        ("pre-copy", Dir::ToDest, Limit::Bytes(wire / 3)),
+        // The whole stream crossed; the destination's ACK (restored, stopped) is held.
+        ("restore", Dir::ToSource, Limit::Bytes(0)),
+        // ACK crossed; the source's COMMIT is held.
+        ("commit", Dir::ToDest, Limit::VmStreamEnd),
+        // COMMIT crossed; RESUMED is held (the destination already runs the guest).
+        ("resume", Dir::ToSource, Limit::Bytes(9)),
+    ];
+    let cells: Vec<(Fault, usize)> = [Fault::KillSource, Fault::KillDest, Fault::Cut]
+        .into_iter()
+        .flat_map(|f| (0..phases.len()).map(move |p| (f, p)))
+        .collect();
+    let results: Vec<_> = thread::scope(|s| {
+        let handles: Vec<_> = cells
+            .chunks(cells.len().div_ceil(2))
+            .map(|chunk| {
+                let tmp = tmp.path();
+                let cell = &cell;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|&(fault, p)| {
+                            let dir = tmp.join(format!("{fault:?}-{p}"));
+                            let (_, d, at) = phases[p];
+                            (fault, p, cell(Some((d, at)), fault, &dir), dir)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let resume = |file: &Path| {
+        let out = vm_cmd().arg("--resume").arg(file).output().unwrap();
+        assert!(
+            out.status.success(),
+            "resume {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        side(&out).json.unwrap()
+    };
+    let flavour = Flavour {
+        state: &vm_checksum,
+        resume: &resume,
+        expected: &|_| reference.clone(),
+    };
+    let mut table = Vec::new();
+    let mut failures = Vec::new();
+    for (fault, p, r, dir) in results {
+        let lost_ok = fault == Fault::KillSource && p == 0;
+        table.push(judge(
+            fault,
+            phases[p].0,
+            lost_ok,
+            &r,
+            &flavour,
+            &mut failures,
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    print_table(&table, t0);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -57,6 +57,19 @@ pub enum Error {
     /// The migration stream is malformed, or the peer refused it.
     #[error("migration stream: {0}")]
     Stream(String),
+    /// The switch-over broke where this side cannot tell whether the other side runs the VM:
+    /// the source after it started sending COMMIT without hearing RESUMED, the destination after
+    /// it restored the VM without hearing COMMIT or ABORT. This side holds a complete, stopped
+    /// copy and must not run it unless the other side is known not to (docs/reliability.md).
+    #[error("in doubt: {0}")]
+    InDoubt(String),
+}
+
+impl Error {
+    /// Whether this side is in doubt (see [`Error::InDoubt`]).
+    pub fn in_doubt(&self) -> bool {
+        matches!(self, Error::InDoubt(_))
+    }
 }
 
 /// Results of the VMM.

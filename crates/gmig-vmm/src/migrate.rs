@@ -36,8 +36,17 @@ const PAGE: usize = 4096;
 pub const PAGES_PER_RECORD: usize = 256;
 /// The largest record payload accepted.
 pub const MAX_RECORD: usize = 4 << 20;
+/// Destination → source after DONE: the VM validated and is restored, stopped (then a u64 LE
+/// realtime ns). This is RESTORED of the hand-over.
 const ACK: u8 = 0x06;
+/// Destination → source: refused (then a u32 LE length and the reason).
 const NAK: u8 = 0x15;
+/// Source → destination after ACK: the VM is yours, run it.
+const COMMIT: u8 = b'C';
+/// Source → destination: the migration is called off; the source runs the VM again.
+const ABORT: u8 = 0x18;
+/// Destination → source after COMMIT: the VM runs here (then a u64 LE realtime ns).
+const RESUMED: u8 = b'R';
 
 /// Record tags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -292,6 +301,10 @@ fn ms(t: Instant) -> f64 {
 /// Migrates `m` out over `conn`. On success the source is stopped for good (the destination
 /// runs the VM); on any failure before the destination's acknowledgement the vGPU is put back
 /// to RUNNING and `m` can keep running, with nothing lost.
+///
+/// From the first byte of COMMIT on, the source is in doubt until RESUMED arrives: any failure
+/// there returns [`Error::InDoubt`] and leaves the VM stopped (vCPU never entered again, vGPU in
+/// STOP), with its whole state, for the caller to keep until the doubt is resolved.
 pub fn migrate_out<S: Read + Write>(
     m: &mut Machine,
     guest: &GuestConfig,
@@ -300,12 +313,24 @@ pub fn migrate_out<S: Read + Write>(
 ) -> Result<Report> {
     let ram = m.vm().ram_bytes();
     let started = Instant::now();
-    let r = send_all(m, guest, conn, opts, started);
-    if r.is_err() {
-        // Roll back: the vGPU runs again and stops logging; the vCPU was never harmed.
-        let gpu = m.gpu().link();
-        let _ = gpu.set_state(DeviceState::Running);
-        let _ = gpu.dma_log_stop();
+    let mut committing = false;
+    let r = send_all(m, guest, conn, opts, started, &mut committing);
+    match r {
+        Err(e) if committing => {
+            return Err(match e {
+                Error::InDoubt(_) => e,
+                other => Error::InDoubt(format!("after COMMIT: {other}")),
+            })
+        }
+        Err(_) => {
+            // Tell a destination that may hold a restored copy to drop it, then roll back: the
+            // vGPU runs again and stops logging; the vCPU was never harmed.
+            let _ = conn.write_all(&[ABORT]).and_then(|()| conn.flush());
+            let gpu = m.gpu().link();
+            let _ = gpu.set_state(DeviceState::Running);
+            let _ = gpu.dma_log_stop();
+        }
+        Ok(_) => {}
     }
     let mut rep = r?;
     rep.ram_bytes = ram;
@@ -319,6 +344,7 @@ fn send_all<S: Read + Write>(
     conn: &mut S,
     opts: &Options,
     started: Instant,
+    committing: &mut bool,
 ) -> Result<Report> {
     let mut rep = Report::default();
     let ram = m.vm().ram_bytes();
@@ -399,7 +425,21 @@ fn send_all<S: Read + Write>(
             let mut at = [0u8; 8];
             w.s.read_exact(&mut at)?;
             rep.transfer_ms = ms(t);
+            // From the first byte of COMMIT the destination may run the VM: only RESUMED tells.
+            *committing = true;
+            w.s.write_all(&[COMMIT])?;
+            w.s.flush()?;
+            let mut resumed = [0u8; 9];
+            w.s.read_exact(&mut resumed)?;
+            if resumed[0] != RESUMED {
+                return Err(Error::InDoubt(format!(
+                    "the destination answered COMMIT with {:#x}, not RESUMED",
+                    resumed[0]
+                )));
+            }
             rep.downtime_ms = ms(paused);
+            let mut at = [0u8; 8];
+            at.copy_from_slice(&resumed[1..]);
             let resumed = u64::from_le_bytes(at);
             rep.dest_downtime_ms = resumed.saturating_sub(paused_at_ns) as f64 / 1e6;
             Ok(rep)
@@ -435,11 +475,44 @@ pub struct Incoming {
 }
 
 /// Receives a VM over `conn` onto the vGPU behind `link`. Returns the VM, ready to run, once
-/// the whole stream validated and the source was acknowledged. Any failure is refused back to
-/// the source (which then keeps running) and returned.
+/// the whole stream validated, the VM was restored (stopped), the source was told (ACK) and it
+/// handed the VM over (COMMIT); the source is then told RESUMED. Any failure before the restore
+/// is refused back to the source (which then keeps running) and returned; ABORT from the source
+/// is returned as [`Error::Stream`]; anything else after the restore — the source vanishing,
+/// silence past the connection's read timeout — is [`Error::InDoubt`] (the restored copy is
+/// dropped with the machine; keep the received bytes, e.g. by teeing `conn`, to resume it later
+/// with [`resume_in`]).
 pub fn migrate_in<S: Read + Write>(
     conn: &mut S,
     link: Box<dyn GpuLink>,
+) -> Result<(Machine, Incoming)> {
+    receive_checked(conn, link, true)
+}
+
+/// Resumes a VM from the bytes a migration carried (a journal of what a side sent or received,
+/// up to and past DONE), as if the source had committed: the copy a side left in doubt.
+pub fn resume_in<R: Read>(journal: &mut R, link: Box<dyn GpuLink>) -> Result<(Machine, Incoming)> {
+    struct ReadOnly<'a, R>(&'a mut R);
+    impl<R: Read> Read for ReadOnly<'_, R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+    impl<R> Write for ReadOnly<'_, R> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    receive_checked(&mut ReadOnly(journal), link, false)
+}
+
+fn receive_checked<S: Read + Write>(
+    conn: &mut S,
+    link: Box<dyn GpuLink>,
+    handshake: bool,
 ) -> Result<(Machine, Incoming)> {
     let mut magic = [0u8; 8];
     conn.read_exact(&mut magic)?;
@@ -448,10 +521,12 @@ pub fn migrate_in<S: Read + Write>(
         refuse(conn, &e);
         return Err(e);
     }
-    match receive(conn, link) {
+    match receive(conn, link, handshake) {
         Ok(r) => Ok(r),
         Err(e) => {
-            refuse(conn, &e);
+            if !e.in_doubt() {
+                refuse(conn, &e);
+            }
             Err(e)
         }
     }
@@ -466,7 +541,11 @@ fn refuse<S: Write>(conn: &mut S, e: &Error) {
     let _ = conn.write_all(&out).and_then(|()| conn.flush());
 }
 
-fn receive<S: Read + Write>(conn: &mut S, link: Box<dyn GpuLink>) -> Result<(Machine, Incoming)> {
+fn receive<S: Read + Write>(
+    conn: &mut S,
+    link: Box<dyn GpuLink>,
+    handshake: bool,
+) -> Result<(Machine, Incoming)> {
     let (tag, p) = read_record(conn)?;
     if tag != Tag::Hello {
         return Err(Error::Stream(format!("expected Hello, got {tag:?}")));
@@ -506,12 +585,42 @@ fn receive<S: Read + Write>(conn: &mut S, link: Box<dyn GpuLink>) -> Result<(Mac
     m.gpu().restore_config(&config)?;
     m.restore_serial(&serial)?;
     m.vm().restore_vcpu(&vcpu)?;
-    m.gpu().link().set_state(DeviceState::Running)?;
     inc.restore_ms = ms(t);
-    let mut ack = vec![ACK];
-    ack.extend_from_slice(&realtime_ns().to_le_bytes());
-    conn.write_all(&ack)?;
-    conn.flush()?;
+    if handshake {
+        // A complete, stopped copy exists here now: from this point a failure is a doubt.
+        let in_doubt = |e: std::io::Error| {
+            Error::InDoubt(format!(
+                "the VM is restored here but the source did not hand it over: {e}"
+            ))
+        };
+        let mut ack = vec![ACK];
+        ack.extend_from_slice(&realtime_ns().to_le_bytes());
+        conn.write_all(&ack)
+            .and_then(|()| conn.flush())
+            .map_err(in_doubt)?;
+        let mut answer = [0u8; 1];
+        conn.read_exact(&mut answer).map_err(in_doubt)?;
+        match answer[0] {
+            COMMIT => {}
+            ABORT => {
+                return Err(Error::Stream(
+                    "the source called the migration off and runs the VM again".into(),
+                ))
+            }
+            other => {
+                return Err(Error::InDoubt(format!(
+                    "the source answered ACK with {other:#x}, neither COMMIT nor ABORT"
+                )))
+            }
+        }
+    }
+    m.gpu().link().set_state(DeviceState::Running)?;
+    if handshake {
+        // The VM is ours; a lost RESUMED only costs the source its downtime figure.
+        let mut resumed = vec![RESUMED];
+        resumed.extend_from_slice(&realtime_ns().to_le_bytes());
+        let _ = conn.write_all(&resumed).and_then(|()| conn.flush());
+    }
     Ok((m, inc))
 }
 

@@ -1,12 +1,15 @@
 //! `gmig vm`: the guest GPU driver under KVM on a vGPU (`gmig vm run`), and whole-VM live
 //! migration between two `gmig vm migrate` processes over TCP.
 
+use std::io::{BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use gmig_vgpu::gm::VgpuType;
 use gmig_vmm::loopback::{linked_vgpu, RUN_TO_END};
-use gmig_vmm::migrate::{migrate_in, migrate_out, Options};
+use gmig_vmm::migrate::{migrate_in, migrate_out, resume_in, Options};
 use gmig_vmm::{GpuLink, GuestConfig, GuestProfile, Machine, Remote, Stop};
 
 use crate::cli::{VmCommand, VmGuestArgs, VmMigrateArgs};
@@ -72,7 +75,131 @@ fn run_guest(a: &VmGuestArgs, json: bool) -> Result<(), Failure> {
     finish(&mut m, json, serde_json::json!({}))
 }
 
+/// The migration connection, with every byte this side sends (source) or receives (destination)
+/// also written to a journal: the stream of the VM's whole state, which `--resume` replays when
+/// the switch-over left this side in doubt. Removed unless kept.
+struct Journaled {
+    conn: TcpStream,
+    log: BufWriter<std::fs::File>,
+    path: PathBuf,
+    reads: bool,
+    keep: bool,
+}
+
+impl Journaled {
+    fn new(conn: TcpStream, a: &VmMigrateArgs, role: &str) -> anyhow::Result<Journaled> {
+        if !(a.timeout.is_finite() && a.timeout > 0.0) {
+            return Err(anyhow!("--timeout must be a positive number of seconds"));
+        }
+        let t = Some(Duration::from_secs_f64(a.timeout));
+        conn.set_read_timeout(t)
+            .and_then(|()| conn.set_write_timeout(t))
+            .and_then(|()| conn.set_nodelay(true))
+            .context("connection options")?;
+        let path = a.checkpoint.clone().unwrap_or_else(|| {
+            format!("gmig-vm-in-doubt-{role}-{}.gmigvm", std::process::id()).into()
+        });
+        let file = std::fs::File::create(&path)
+            .with_context(|| format!("creating the journal {}", path.display()))?;
+        Ok(Journaled {
+            conn,
+            log: BufWriter::with_capacity(1 << 20, file),
+            path,
+            reads: role == "destination",
+            keep: false,
+        })
+    }
+
+    /// Keep the journal (synced): this side is in doubt.
+    fn keep(mut self) -> anyhow::Result<PathBuf> {
+        self.keep = true;
+        self.log.flush()?;
+        self.log.get_ref().sync_all()?;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for Journaled {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+impl Read for Journaled {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.conn.read(buf)?;
+        if self.reads {
+            self.log.write_all(&buf[..n])?;
+        }
+        Ok(n)
+    }
+}
+
+impl Write for Journaled {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.conn.write(buf)?;
+        if !self.reads {
+            self.log.write_all(&buf[..n])?;
+        }
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.conn.flush()
+    }
+}
+
+/// A side in doubt: keep its journal and say so (exit code 4).
+fn vm_in_doubt(j: Journaled, role: &str, e: gmig_vmm::Error) -> Failure {
+    let mut fields = serde_json::Map::new();
+    fields.insert("role".into(), role.into());
+    fields.insert("vm".into(), "in-doubt".into());
+    let error = match j.keep() {
+        Ok(path) => {
+            eprintln!(
+                "gmig vm: in doubt: this {role} holds the VM stopped; its state is in {}: resume it with `gmig vm migrate --resume {}` only once the other side is known not to run the VM",
+                path.display(),
+                path.display()
+            );
+            fields.insert("checkpoint".into(), path.display().to_string().into());
+            anyhow!(e).context("migration broke during the switch-over")
+        }
+        Err(w) => anyhow!(e).context(format!(
+            "in doubt, and the journal could not be kept ({w:#}): this side's copy is lost"
+        )),
+    };
+    Failure::Migration {
+        error,
+        fields,
+        in_doubt: true,
+    }
+}
+
+fn resume(a: &VmMigrateArgs, path: &Path, json: bool) -> Result<(), Failure> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+    let (mut m, inc) = resume_in(&mut r, vgpu(&a.guest)?)
+        .with_context(|| format!("resuming the VM from {}", path.display()))?;
+    if !json {
+        eprintln!(
+            "gmig vm: VM resumed from {} ({} pages, {} vGPU bytes)",
+            path.display(),
+            inc.pages,
+            inc.device_bytes
+        );
+    }
+    finish(
+        &mut m,
+        json,
+        serde_json::json!({ "vm": "running", "role": "resumed" }),
+    )
+}
+
 fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
+    if let Some(path) = &a.resume {
+        return resume(a, path, json);
+    }
     match (&a.listen, &a.to) {
         (Some(addr), None) => {
             let listener =
@@ -83,10 +210,23 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                     listener.local_addr().context("address")?
                 );
             }
-            let (mut conn, peer) = listener.accept().context("accepting the source")?;
-            conn.set_nodelay(true).context("TCP_NODELAY")?;
-            let (mut m, inc) =
-                migrate_in(&mut conn, vgpu(&a.guest)?).context("receiving the VM")?;
+            let (conn, peer) = listener.accept().context("accepting the source")?;
+            let mut conn = Journaled::new(conn, a, "destination")?;
+            let (mut m, inc) = match migrate_in(&mut conn, vgpu(&a.guest)?) {
+                Ok(r) => r,
+                Err(e) if e.in_doubt() => return Err(vm_in_doubt(conn, "destination", e)),
+                Err(e) => {
+                    let mut fields = serde_json::Map::new();
+                    fields.insert("role".into(), "destination".into());
+                    fields.insert("vm".into(), "none".into());
+                    return Err(Failure::Migration {
+                        error: anyhow!(e).context("receiving the VM; nothing of it is kept here"),
+                        fields,
+                        in_doubt: false,
+                    });
+                }
+            };
+            drop(conn);
             if !json {
                 eprintln!(
                     "gmig vm: VM from {peer} running ({} pages, {} vGPU bytes, restored in {:.2} ms)",
@@ -96,7 +236,11 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
             finish(
                 &mut m,
                 json,
-                serde_json::json!({ "incoming": serde_json::to_value(inc).context("report")? }),
+                serde_json::json!({
+                    "incoming": serde_json::to_value(inc).context("report")?,
+                    "vm": "running",
+                    "role": "destination",
+                }),
             )
         }
         (None, Some(addr)) => {
@@ -119,9 +263,8 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
             if let Some(b) = &bar {
                 b.finish_and_clear();
             }
-            let mut conn =
-                TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-            conn.set_nodelay(true).context("TCP_NODELAY")?;
+            let conn = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+            let mut conn = Journaled::new(conn, a, "source")?;
             let opts = Options {
                 gpu_dirty: !a.no_gpu_dirty,
                 link_gbps: a.link_gbps,
@@ -130,15 +273,34 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
             };
             let rep = match migrate_out(&mut m, &cfg, &mut conn, &opts) {
                 Ok(r) => r,
+                Err(e) if e.in_doubt() => return Err(vm_in_doubt(conn, "source", e)),
                 Err(e) => {
                     // Nothing was committed: the VM carries on here.
+                    drop(conn);
                     eprintln!("gmig vm: migration failed, the VM keeps running here: {e}");
-                    finish(&mut m, json, serde_json::json!({ "migrated": false }))?;
-                    return Err(anyhow!(e).context("migrating the VM").into());
+                    finish(
+                        &mut m,
+                        json,
+                        serde_json::json!({ "migrated": false, "vm": "running", "role": "source" }),
+                    )?;
+                    let mut fields = serde_json::Map::new();
+                    fields.insert("role".into(), "source".into());
+                    fields.insert("vm".into(), "running".into());
+                    return Err(Failure::Migration {
+                        error: anyhow!(e).context("migrating the VM"),
+                        fields,
+                        in_doubt: false,
+                    });
                 }
             };
+            drop(conn);
             if json {
-                println!("{}", serde_json::to_value(rep).context("report")?);
+                let mut v = serde_json::to_value(rep).context("report")?;
+                if let Some(o) = v.as_object_mut() {
+                    o.insert("vm".into(), "none".into());
+                    o.insert("role".into(), "source".into());
+                }
+                println!("{v}");
             } else {
                 print_report(&rep);
             }
