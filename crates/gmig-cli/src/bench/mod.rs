@@ -39,7 +39,7 @@ use gmig_dirty::{GuestPages, Hasher};
 
 use gmig_core::forward_connection;
 use gmig_core::migration::{
-    migrate_destination, migrate_source, source_handle, MigratableVm, MigrationConfig,
+    migrate_destination, migrate_source, source_handle, DestPhases, MigratableVm, MigrationConfig,
     MigrationError, MigrationReport, Policy, VmError,
 };
 use gmig_core::transport::{Connection, Endpoint, Throttled, TransportError};
@@ -161,6 +161,8 @@ pub struct BenchSample {
     pub bound_ms: f64,
     /// Booting, warming up and probing before the migration, ms (not part of the migration).
     pub setup_ms: f64,
+    /// The destination's own phases.
+    pub dest: DestPhases,
 }
 
 /// The lower bound on downtime for `stop_copy_bytes` over a link of `link_gbps` (unlimited when
@@ -400,7 +402,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     } else {
         (a, b)
     };
-    let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg).map(|_| ()));
+    let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg).map(|(_, r)| r));
     let mut handle = source_handle(vm, &cfg)?;
     let report = match case.link_gbps {
         Some(g) => migrate_source(&mut handle, Throttled::new(a, g)?, &cfg, &mut |_| {}),
@@ -408,7 +410,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     };
     let dest = dest.join().map_err(|_| BenchError::DestinationPanicked)?;
     let report = report?;
-    dest?;
+    let dest = dest?;
 
     let (bound_link_ms, bound_hash_ms) = lower_bound_ms(
         report.bytes_stop_copy,
@@ -423,6 +425,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         bound_hash_ms,
         bound_ms: bound_link_ms + bound_hash_ms,
         setup_ms,
+        dest: dest.phases,
     })
 }
 

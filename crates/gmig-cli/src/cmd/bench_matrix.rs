@@ -202,6 +202,20 @@ pub struct Row {
     pub transfer_ms: f64,
     /// Last stop-copy byte to the destination's Restored (median, ms).
     pub dest_finish_ms: f64,
+    /// Of `dest_finish_ms`: the destination's own tail once the last byte arrived — validation,
+    /// building the VM, restore and remap (median, ms).
+    #[serde(default)]
+    pub dest_tail_ms: f64,
+    /// Of `dest_finish_ms`: the rest, the destination catching up with bytes already sent
+    /// (median of `dest_finish_ms - dest_tail_ms`, ms).
+    #[serde(default)]
+    pub dest_catch_up_ms: f64,
+    /// Destination: decoding and applying the whole stream, ms (median; mostly during pre-copy).
+    #[serde(default)]
+    pub dest_apply_ms: f64,
+    /// Destination: COMMIT received to the VM running (median, ms).
+    #[serde(default)]
+    pub dest_resume_ms: f64,
     /// Restored to Resumed: commit round trip and resume (median, ms).
     pub commit_ms: f64,
     /// Destination: applying device state.
@@ -276,6 +290,12 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         hash_ms: median(&f(|s| s.report.hash_ms)),
         transfer_ms: median(&f(|s| s.report.transfer_ms)),
         dest_finish_ms: median(&f(|s| s.report.dest_finish_ms)),
+        dest_tail_ms: median(&f(|s| s.dest.tail_ns as f64 / 1e6)),
+        dest_catch_up_ms: median(&f(|s| {
+            (s.report.dest_finish_ms - s.dest.tail_ns as f64 / 1e6).max(0.0)
+        })),
+        dest_apply_ms: median(&f(|s| s.dest.apply_ns as f64 / 1e6)),
+        dest_resume_ms: median(&f(|s| s.dest.resume_ns as f64 / 1e6)),
         commit_ms: median(&f(|s| s.report.commit_ms)),
         restore_ms: median(&f(|s| s.report.restore_ms)),
         remap_ms: median(&f(|s| s.report.remap_ms)),

@@ -173,13 +173,13 @@ fn mib(b: u64) -> f64 {
 pub(crate) fn markdown_table(rows: &[Row]) -> String {
     let mut s = String::new();
     s.push_str(
-        "| profile | vGPU | policy | link | downtime p50 / p95 / max (ms) | split: quiesce + transfer + dest + commit (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound |\n",
+        "| profile | vGPU | policy | link | downtime p50 / p95 / max (ms) | split: quiesce + transfer + dest (catch-up + tail) + commit (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound |\n",
     );
     s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} + {:.2} + {:.2} + {:.2} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} + {:.2} + {:.2} ({:.2} + {:.2}) + {:.2} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
             r.profile,
             r.vgpu_type,
             r.policy,
@@ -190,6 +190,8 @@ pub(crate) fn markdown_table(rows: &[Row]) -> String {
             r.quiesce_ms,
             r.transfer_ms,
             r.dest_finish_ms,
+            r.dest_catch_up_ms,
+            r.dest_tail_ms,
             r.commit_ms,
             r.total_ms.p50,
             r.pages_precopy,

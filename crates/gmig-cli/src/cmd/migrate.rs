@@ -318,6 +318,7 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
             "bytes_received": rep.bytes,
             "restore_ms": rep.times.restore_ns as f64 / 1e6,
             "remap_ms": rep.times.remap_ns as f64 / 1e6,
+            "phases_ns": rep.phases,
             "slices": [slices.aperture.base.0, slices.hidden.base.0],
         });
         if let Some(o) = obj.as_object_mut() {

@@ -350,6 +350,30 @@ pub struct DestReport {
     pub bytes: u64,
     /// Restore and remap times.
     pub times: RestoreTimes,
+    /// Where the destination's time went.
+    pub phases: DestPhases,
+}
+
+/// The destination's phases, in nanoseconds of its own clock. `wait_ns + apply_ns` covers the
+/// stream from the header to END; `tail_ns` is the destination's own share of the downtime once
+/// the last byte arrived (validation, building the VM, restore and remap, RESTORED sent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DestPhases {
+    /// Blocked reading the connection (the source had sent nothing new).
+    pub wait_ns: u64,
+    /// Decoding stream bytes and applying pages to the private staging memory.
+    pub apply_ns: u64,
+    /// END applied → RESTORED sent: RESUMING → STOP (every section validated, the VM built,
+    /// device state restored and remapped).
+    pub tail_ns: u64,
+    /// RESTORED sent → COMMIT received.
+    pub commit_wait_ns: u64,
+    /// COMMIT received → the VM running (STOP → RUNNING).
+    pub resume_ns: u64,
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Receive a migration on `conn` and return the restored, running VM.
@@ -467,17 +491,31 @@ fn run_destination<F: VmFactory, C: Connection>(
         .map_err(io_err(P::Handshake))?;
 
     let mut buf = vec![0u8; cfg.chunk.max(4096)];
+    let mut phases = DestPhases::default();
     while !handle.device().stream_complete() {
+        let t = Instant::now();
         let n = conn.read(&mut buf).map_err(io_err(P::StopCopy))?;
+        phases.wait_ns += ns(t.elapsed());
         if n == 0 {
             return Err(MigrationError::Closed { phase: P::StopCopy });
         }
+        let t = Instant::now();
         MigrationTarget::write_data(handle, &buf[..n]).map_err(dev_err(P::StopCopy))?;
+        phases.apply_ns += ns(t.elapsed());
     }
+    let t_end = Instant::now();
     MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Restore))?;
     Control::Restored
         .write_to(conn)
         .map_err(io_err(P::Restore))?;
+    let t_restored = Instant::now();
+    phases.tail_ns = ns(t_restored - t_end);
+    tracing::debug!(
+        wait_ms = phases.wait_ns as f64 / 1e6,
+        apply_ms = phases.apply_ns as f64 / 1e6,
+        tail_ms = phases.tail_ns as f64 / 1e6,
+        "destination: stream applied, vGPU restored; waiting for COMMIT"
+    );
     match read_control(conn, P::Commit)? {
         Control::Commit => {}
         Control::Aborted(reason) => {
@@ -493,7 +531,10 @@ fn run_destination<F: VmFactory, C: Connection>(
             })
         }
     }
+    let t_commit = Instant::now();
+    phases.commit_wait_ns = ns(t_commit - t_restored);
     MigrationTarget::set_state(handle, DeviceState::Running).map_err(dev_err(P::Resume))?;
+    phases.resume_ns = ns(t_commit.elapsed());
     let times = handle.device().times();
     let pages = handle.device().pages_received();
     let vm = handle
@@ -515,6 +556,7 @@ fn run_destination<F: VmFactory, C: Connection>(
             pages,
             bytes: counters.received(),
             times,
+            phases,
         },
     ))
 }

@@ -37,7 +37,7 @@ pub use config::{
 pub use dest::DestDevice;
 pub use engine::{
     migrate_destination, migrate_source, receive_migration, record_stream, restore_stream,
-    source_handle, DestReport, Incoming,
+    source_handle, DestPhases, DestReport, Incoming,
 };
 pub use source::{SourceDevice, SourceStats};
 pub use vm::{
