@@ -19,19 +19,35 @@ use gmig_vgpu::workload::{Profile, WorkloadConfig};
 pub const FUZZ_RAM: u64 = 4 << 20;
 const TY: VgpuType = VgpuType::V5_8;
 
-/// Feeds `data[1..]` to the push decoder in segments of `data[0] + 1` bytes, pulling sections
-/// after each, and reads the same bytes with the pull reader. Both must agree on whether the
-/// stream is valid and, when it is, on its sections; neither may panic or read past the input.
+/// Feeds `data[1..]` to the push decoder in segments of varying length, pulling sections after
+/// each, and reads the same bytes with the pull reader. Both must agree on whether the stream is
+/// valid and, when it is, on its sections; neither may panic or read past the input.
+///
+/// `data[0]` seeds the segmentation: segment lengths are drawn from 1 to a maximum of 16 to 4,096
+/// bytes, so every split point of a header or record is reached across inputs without feeding a
+/// whole stream byte by byte (which made each input cost milliseconds).
 pub fn stream_decode(data: &[u8]) {
     let Some((&seg, bytes)) = data.split_first() else {
         return;
     };
-    let seg = usize::from(seg) + 1;
+    let max = 16usize << (seg % 9);
+    let mut rng = u64::from(seg).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let len = 1 + (rng % max as u64) as usize;
+        let end = (at + len).min(bytes.len());
+        pieces.push(&bytes[at..end]);
+        at = end;
+    }
     let limits = StreamLimits::default();
     let mut push = StreamDecoder::new(limits, None);
     let mut pushed = Vec::new();
     let mut push_err = false;
-    'feed: for piece in bytes.chunks(seg) {
+    'feed: for piece in pieces {
         if push.feed(piece).is_err() {
             push_err = true;
             break;
