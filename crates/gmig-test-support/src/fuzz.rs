@@ -116,9 +116,8 @@ fn factory(d: VgpuSlices) -> VgpuFactory {
     VgpuFactory::new(gmig_cmdparser::Gen::Gen9, TY, d, FUZZ_RAM)
 }
 
-/// The harnesses' guest draws a 72×72 screen (the 64×64 cursor must fit) with one window: every kind of state and page a
-/// larger guest has, in a stream of a few kilobytes, so a campaign runs thousands of inputs a
-/// second instead of hundreds.
+/// The harnesses' guest draws a 72×72 screen (the 64×64 cursor must fit) with one window: every
+/// kind of state and page a larger guest has, in a 115 KB stream instead of 226 KB.
 fn tiny_workload() -> WorkloadConfig {
     WorkloadConfig {
         width: 72,

@@ -10,7 +10,6 @@ use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, MigrationConfig, Policy,
 };
 use gmig_core::transport::mem_pair;
-use gmig_vgpu::checkpoint::RestoreOptions;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
@@ -35,15 +34,7 @@ fn downtime(policy: Policy) -> Duration {
     vm.run_steps(5).expect("run");
     let mut cfg = MigrationConfig::new(policy);
     cfg.step_every_batches = 8;
-    let factory = VgpuFactory {
-        gen: vm.vgpu().config().gen,
-        ty: VgpuType::V5_8,
-        slices: d,
-        ram_bytes: RAM,
-        opts: RestoreOptions::default(),
-        memory: None,
-        ram_by_vmm: false,
-    };
+    let factory = VgpuFactory::new(vm.vgpu().config().gen, VgpuType::V5_8, d, RAM);
     let (a, b) = mem_pair(1 << 20);
     let c2 = cfg.clone();
     let dest = thread::spawn(move || migrate_destination(factory, b, &c2).map(|_| ()));

@@ -216,6 +216,18 @@ impl Vgpu {
         dest: VgpuSlices,
         opts: RestoreOptions,
     ) -> Result<Vgpu> {
+        Vgpu::restore_onto(state, mem, dest, opts, None)
+    }
+
+    /// [`Vgpu::restore`] into a GGTT table prepared beforehand ([`Ggtt::prefaulted`] for `dest`,
+    /// still empty), so that restoring costs O(present entries), not O(GTT size).
+    pub fn restore_onto(
+        state: &VgpuState,
+        mem: GuestRam,
+        dest: VgpuSlices,
+        opts: RestoreOptions,
+        ggtt: Option<Ggtt>,
+    ) -> Result<Vgpu> {
         let ty = state.cfg.ty;
         for s in [&state.host, &state.guest_view, &dest] {
             if s.aperture.size != ty.aperture_size() || s.hidden.size != ty.hidden_size() {
@@ -227,8 +239,8 @@ impl Vgpu {
         if state.engines.len() != 4 {
             return Err(CheckpointError::Mismatch("engine count"));
         }
-        let ggtt =
-            Ggtt::load(&dest, &state.ggtt).ok_or(CheckpointError::Mismatch("GGTT table size"))?;
+        let ggtt = Ggtt::load_onto(ggtt.unwrap_or_else(|| Ggtt::new(&dest)), &state.ggtt)
+            .ok_or(CheckpointError::Mismatch("GGTT table size"))?;
         let mv =
             SliceMove::new(state.host, dest).map_err(|e| CheckpointError::Remap(e.to_string()))?;
         let remap = state.remap && opts.remap;

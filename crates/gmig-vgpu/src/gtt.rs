@@ -157,7 +157,33 @@ impl Ggtt {
 
     /// Rebuilds a table for slices of these sizes; `None` when the state does not fit them.
     pub fn load(slices: &VgpuSlices, state: &GgttState) -> Option<Ggtt> {
-        let mut g = Ggtt::new(slices);
+        Ggtt::load_onto(Ggtt::new(slices), state)
+    }
+
+    /// An empty table for `slices` whose memory is already written, so that filling it later
+    /// touches no new page. A destination builds it while pre-copy runs: the table is O(GTT size)
+    /// (5 MiB at 512+2048), and first-touching it in downtime cost up to 9 ms on a machine where
+    /// page faults are dear.
+    pub fn prefaulted(slices: &VgpuSlices) -> Ggtt {
+        let filled = |n: u64| {
+            let mut v = vec![0u64; usize::try_from(n).unwrap_or(0)];
+            // `vec!` may hand out lazily zeroed pages (calloc): write one entry per page so each
+            // page is really there now, and the writes cannot be elided.
+            for e in v.iter_mut().step_by(PAGE_SIZE as usize / 8) {
+                *std::hint::black_box(e) = 0;
+            }
+            v
+        };
+        Ggtt {
+            aperture: filled(slices.aperture.size / PAGE_SIZE),
+            hidden: filled(slices.hidden.size / PAGE_SIZE),
+        }
+    }
+
+    /// Loads `state` into `empty`, an all-invalid table of the right size (from [`Ggtt::new`] or
+    /// [`Ggtt::prefaulted`]): O(present entries).
+    pub fn load_onto(empty: Ggtt, state: &GgttState) -> Option<Ggtt> {
+        let mut g = empty;
         if g.aperture.len() != state.aperture_pages as usize
             || g.hidden.len() != state.hidden_pages as usize
         {

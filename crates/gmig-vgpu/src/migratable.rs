@@ -25,7 +25,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::checkpoint::{RestoreOptions, VgpuState};
 use crate::gm::{Gfn, VgpuType, MIB, PAGE_SIZE};
-use crate::gtt::{new_guest_ram, ram_size, Space};
+use crate::gtt::{new_guest_ram, ram_size, Ggtt, Space};
 use crate::mmio::lrc;
 use crate::vgpu::{Vgpu, VgpuConfig};
 use crate::work::WriteLog;
@@ -399,6 +399,9 @@ pub struct VgpuFactory {
     pub memory: Option<GuestMemoryMmap>,
     /// Whether the restored vGPU leaves guest RAM to the VMM ([`VgpuVm::with_ram_by_vmm`]).
     pub ram_by_vmm: bool,
+    /// The GGTT table of the incoming vGPU, built and written while the stream's pre-copy runs
+    /// ([`Ggtt::prefaulted`]), so the restore in downtime does not pay for it.
+    ggtt: Option<Ggtt>,
 }
 
 impl VgpuFactory {
@@ -413,7 +416,15 @@ impl VgpuFactory {
             opts: RestoreOptions { remap: true },
             memory: None,
             ram_by_vmm: false,
+            ggtt: None,
         }
+    }
+
+    /// Restore options (remapping off only for negative controls).
+    #[must_use]
+    pub fn with_options(mut self, opts: RestoreOptions) -> Self {
+        self.opts = opts;
+        self
     }
 
     /// Restore onto `memory` (the VMM's guest RAM) instead of private RAM.
@@ -443,6 +454,8 @@ impl VmFactory for VgpuFactory {
                 header.guest_pages, self.ram_bytes
             )));
         }
+        // Outside downtime: the stream has only just started.
+        self.ggtt = Some(Ggtt::prefaulted(&self.slices));
         if let Some(mem) = &self.memory {
             return Ok(mem.clone());
         }
@@ -504,7 +517,7 @@ impl VmFactory for VgpuFactory {
         SliceMove::new(host, self.slices).map_err(|e| vm_err("slice move", e))?;
         let restore_ns = t.elapsed().as_nanos() as u64;
         let t = Instant::now();
-        let vgpu = Vgpu::restore(&state, memory, self.slices, self.opts)
+        let vgpu = Vgpu::restore_onto(&state, memory, self.slices, self.opts, self.ggtt.take())
             .map_err(|e| vm_err("restore", e))?;
         let remap_ns = t.elapsed().as_nanos() as u64;
         Ok((

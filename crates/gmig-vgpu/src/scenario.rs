@@ -8,7 +8,6 @@ use std::thread;
 
 use serde::Serialize;
 
-use crate::checkpoint::RestoreOptions;
 use crate::compare::compare_guest_visible;
 use crate::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
 use crate::migratable::{type_id, VgpuFactory, VgpuVm};
@@ -114,15 +113,7 @@ pub fn run_loopback(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result
     let endpoint = listener
         .endpoint()
         .map_err(|e| MigrationError::Config(e.to_string()))?;
-    let factory = VgpuFactory {
-        gen: vm.vgpu().config().gen,
-        ty: s.ty,
-        slices: dst_slices,
-        ram_bytes: s.ram_bytes,
-        opts: RestoreOptions::default(),
-        memory: None,
-        ram_by_vmm: false,
-    };
+    let factory = VgpuFactory::new(vm.vgpu().config().gen, s.ty, dst_slices, s.ram_bytes);
     let dcfg = s.cfg.clone();
     let dest = thread::spawn(move || {
         let conn = listener

@@ -8,7 +8,6 @@ use gmig_core::stream::StreamLimits;
 use gmig_vfio_migration::conformance;
 use gmig_vfio_migration::target::{self, MigrateOptions};
 use gmig_vfio_migration::{DeviceState, MigrationHandle, MigrationTarget};
-use gmig_vgpu::checkpoint::RestoreOptions;
 use gmig_vgpu::compare::compare_guest_visible;
 use gmig_vgpu::gm::{VgpuSlices, VgpuType};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
@@ -23,15 +22,7 @@ fn slices() -> (VgpuSlices, VgpuSlices) {
 }
 
 fn factory(slices: VgpuSlices) -> VgpuFactory {
-    VgpuFactory {
-        gen: gmig_cmdparser::Gen::Gen9,
-        ty: TY,
-        slices,
-        ram_bytes: RAM,
-        opts: RestoreOptions { remap: true },
-        memory: None,
-        ram_by_vmm: false,
-    }
+    VgpuFactory::new(gmig_cmdparser::Gen::Gen9, TY, slices, RAM)
 }
 
 fn settings(policy: Policy) -> SaveSettings {

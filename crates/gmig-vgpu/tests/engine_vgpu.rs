@@ -42,15 +42,7 @@ fn cfg(policy: Policy) -> MigrationConfig {
 }
 
 fn factory(d: VgpuSlices, remap: bool) -> VgpuFactory {
-    VgpuFactory {
-        gen: gmig_cmdparser::Gen::Gen9,
-        ty: TY,
-        slices: d,
-        ram_bytes: RAM,
-        opts: RestoreOptions { remap },
-        memory: None,
-        ram_by_vmm: false,
-    }
+    VgpuFactory::new(gmig_cmdparser::Gen::Gen9, TY, d, RAM).with_options(RestoreOptions { remap })
 }
 
 /// Migrate mid-run over TCP, continue on the destination; compare with an unmigrated run of the

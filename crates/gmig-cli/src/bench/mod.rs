@@ -43,7 +43,6 @@ use gmig_core::migration::{
     MigrationError, MigrationReport, Policy, VmError,
 };
 use gmig_core::transport::{Connection, Endpoint, Throttled, TransportError};
-use gmig_vgpu::checkpoint::RestoreOptions;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType, PAGE_SIZE};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
@@ -383,15 +382,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     let setup_ms = t_setup.elapsed().as_secs_f64() * 1e3;
 
     let (a, b) = loopback_pair()?;
-    let factory = VgpuFactory {
-        gen: Gen::Gen9,
-        ty: case.ty,
-        slices: d,
-        ram_bytes: ram,
-        opts: RestoreOptions { remap: true },
-        memory: None,
-        ram_by_vmm: false,
-    };
+    let factory = VgpuFactory::new(Gen::Gen9, case.ty, d, ram);
     let dcfg = cfg.clone();
     let applied = Arc::new(AtomicU64::new(0));
     let (a, b): (Box<dyn Connection>, Box<dyn Connection>) = if case.sync_precopy {

@@ -7,7 +7,6 @@ use gmig_core::migration::{
     MigrationConfig, MigrationPhase, MigrationReport, Policy, Progress,
 };
 use gmig_core::transport::{Connection, Endpoint, Throttled};
-use gmig_vgpu::checkpoint::RestoreOptions;
 use gmig_vgpu::compare::guest_visible_digest;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 use gmig_vgpu::migratable::{parse_vgpu_type, VgpuFactory, VgpuVm};
@@ -276,15 +275,7 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
         eprintln!("gmig: waiting for a migration on {ep}");
     }
     let conn = listener.accept().context("accepting")?;
-    let factory = VgpuFactory {
-        gen: gmig_cmdparser::Gen::Gen9,
-        ty,
-        slices,
-        ram_bytes: args.ram_mib << 20,
-        opts: RestoreOptions::default(),
-        memory: None,
-        ram_by_vmm: false,
-    };
+    let factory = VgpuFactory::new(gmig_cmdparser::Gen::Gen9, ty, slices, args.ram_mib << 20);
     let (mut vm, rep) = match receive_migration(factory, conn, &engine_cfg(args)) {
         Ok(Incoming::Running(vm, rep)) => (vm, rep),
         Ok(Incoming::InDoubt { vm, error }) => {
@@ -443,15 +434,7 @@ fn resume(args: &MigrateArgs, path: &std::path::Path, json: bool) -> Result<(), 
         .with_context(|| format!("reading the checkpoint {}", path.display()))?;
     let mut pm = PartitionManager::new(HostConfig::default()).context("host")?;
     let (_, slices) = pm.place(ty).context("placing the vGPU")?;
-    let factory = VgpuFactory {
-        gen: gmig_cmdparser::Gen::Gen9,
-        ty,
-        slices,
-        ram_bytes: args.ram_mib << 20,
-        opts: RestoreOptions::default(),
-        memory: None,
-        ram_by_vmm: false,
-    };
+    let factory = VgpuFactory::new(gmig_cmdparser::Gen::Gen9, ty, slices, args.ram_mib << 20);
     let mut vm = restore_stream(factory, &bytes, &engine_cfg(args))
         .with_context(|| format!("resuming from {}", path.display()))?;
     let owned = finish_owned(&mut vm);
