@@ -6,6 +6,10 @@
 #
 #   scripts/fuzz-campaign.sh [SECONDS [JOBS_PER_TARGET]]    (defaults: 300 s, 1 job)
 #
+# Each corpus starts from the committed one (fuzz/corpus/<target>) plus the smoke tests' seeds.
+# With KEEP=1, what the campaign found is merged back into fuzz/corpus/<target> (libFuzzer's
+# -merge=1 keeps only inputs that add coverage) for committing.
+#
 # Needs a nightly toolchain (`rustup toolchain install nightly`) or RUSTC_BOOTSTRAP=1 on stable,
 # and a C++ compiler (libfuzzer-sys builds libFuzzer). Work goes to target/fuzz-campaign/:
 # corpora in corpus/<target>, logs and crash/leak inputs in out/. See docs/fuzzing.md.
@@ -36,18 +40,25 @@ unset RUSTFLAGS RUSTC_BOOTSTRAP
 
 # Seeds: the smoke tests write their valid inputs; the AUB reader starts from the fixtures.
 GMIG_FUZZ_SEED_DIR="$WORK/corpus" cargo test -q -p gmig-test-support --test fuzz_smoke >/dev/null
-mkdir -p "$WORK/corpus/aub_read"
+for t in "${TARGETS[@]}"; do
+    mkdir -p "$WORK/corpus/$t"
+    [ -d "fuzz/corpus/$t" ] && cp -n fuzz/corpus/"$t"/* "$WORK/corpus/$t/" 2>/dev/null || true
+done
 for d in fixtures/*/; do
     for f in "$d"*.aub; do cp "$f" "$WORK/corpus/aub_read/$(basename "$d")-$(basename "$f")"; done
 done
 
+# One hashing thread per process: rayon would otherwise start one per core in every job.
+export RAYON_NUM_THREADS=1
 for t in "${TARGETS[@]}"; do
     extra=()
+    asan=
     # rayon's worker threads keep crossbeam-epoch thread-locals alive at exit, which LeakSanitizer
-    # reports as 64 leaked bytes: not a leak of gmig's (docs/fuzzing.md).
-    [ "$t" = vgpu_resume ] && extra=(-detect_leaks=0)
+    # reports as 64 leaked bytes: not a leak of gmig's (docs/fuzzing.md). -detect_leaks=0 alone
+    # does not reach the children of -fork, which check at exit: ASAN_OPTIONS does.
+    [ "$t" = vgpu_resume ] && extra=(-detect_leaks=0) && asan=detect_leaks=0
     [ "$t" = vfio_user_session ] && extra=(-max_len=4096)
-    "$WORK/build/x86_64-unknown-linux-gnu/release/$t" "$WORK/corpus/$t" -fork="$JOBS" \
+    ASAN_OPTIONS=$asan "$WORK/build/x86_64-unknown-linux-gnu/release/$t" "$WORK/corpus/$t" -fork="$JOBS" \
         -max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=3072 \
         -artifact_prefix="$WORK/out/$t-" "${extra[@]}" >"$WORK/out/$t.log" 2>&1 &
 done
@@ -60,4 +71,12 @@ for t in "${TARGETS[@]}"; do
     found=$(find "$WORK/out" -name "$t-*" | wc -l)
     echo "$t: ${runs:-0} executions, $found crash/leak/timeout inputs, corpus $(ls "$WORK/corpus/$t" | wc -l) files"
 done
+if [ "${KEEP:-0}" = 1 ]; then
+    for t in "${TARGETS[@]}"; do
+        mkdir -p "fuzz/corpus/$t"
+        "$WORK/build/x86_64-unknown-linux-gnu/release/$t" -merge=1 -detect_leaks=0 \
+            "fuzz/corpus/$t" "$WORK/corpus/$t" >"$WORK/out/$t-merge.log" 2>&1 || status=1
+        echo "$t: fuzz/corpus/$t now $(ls "fuzz/corpus/$t" | wc -l) files"
+    done
+fi
 exit "$status"

@@ -116,17 +116,40 @@ pub struct VmMigrateArgs {
     /// Source: guest exits between pre-copy rounds.
     #[arg(long, default_value_t = 64)]
     pub round_exits: u64,
-    /// Run the VM a side left in doubt from its journal file, then run it to the end (only once
-    /// the other side is known not to run the VM).
+    #[command(flatten)]
+    pub hand_over: HandOverArgs,
+}
+
+/// What a side does when the switch-over breaks (docs/reliability.md), for `gmig migrate` and
+/// `gmig vm migrate`.
+#[derive(Debug, Args)]
+pub struct HandOverArgs {
+    /// Resume the copy a side left in doubt from its checkpoint file (the vGPU's stream, or the VM
+    /// stream's journal) and run it — only once the other side is known not to run it.
     #[arg(long, conflicts_with_all = ["listen", "to"])]
     pub resume: Option<PathBuf>,
-    /// The journal of what this side sends (source) or receives (destination), kept only if the
-    /// switch-over leaves it in doubt (default: gmig-vm-in-doubt-ROLE-PID.gmigvm here).
+    /// Where this side keeps its copy if the switch-over leaves it in doubt (default:
+    /// gmig-in-doubt-ROLE-PID.gmig, or gmig-vm-in-doubt-ROLE-PID.gmigvm, in the working
+    /// directory). `gmig vm migrate` journals the stream there while it migrates and removes the
+    /// file unless in doubt.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
-    /// Seconds either side waits on the connection before it gives up.
+    /// Seconds either side waits for the other before it gives up.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
+}
+
+impl HandOverArgs {
+    /// `--timeout` as a duration; refused unless a positive, finite number of seconds.
+    pub fn timeout(&self) -> anyhow::Result<std::time::Duration> {
+        if self.timeout.is_finite() && self.timeout > 0.0 {
+            Ok(std::time::Duration::from_secs_f64(self.timeout))
+        } else {
+            Err(anyhow::anyhow!(
+                "--timeout must be a positive number of seconds"
+            ))
+        }
+    }
 }
 
 /// GEN generation of the command stream.
@@ -220,18 +243,8 @@ pub struct MigrateArgs {
     /// Source: migrate to the destination listening at this address (HOST:PORT or unix:PATH).
     #[arg(long, required_unless_present_any = ["listen", "resume"])]
     pub to: Option<String>,
-    /// Resume a vGPU from the checkpoint file a side left in doubt wrote, run its queued work and
-    /// report its state (use only once the other side is known not to run the vGPU).
-    #[arg(long, conflicts_with_all = ["listen", "to"])]
-    pub resume: Option<PathBuf>,
-    /// Where this side saves its stopped copy of the vGPU if the switch-over leaves it in doubt
-    /// (default: gmig-in-doubt-ROLE-PID.gmig in the working directory).
-    #[arg(long)]
-    pub checkpoint: Option<PathBuf>,
-    /// Seconds either side waits for the other before it gives up (connection reads and
-    /// writes, each control message).
-    #[arg(long, default_value_t = 30.0)]
-    pub timeout: f64,
+    #[command(flatten)]
+    pub hand_over: HandOverArgs,
     /// Guest workload running during the migration.
     #[arg(long, value_enum, default_value = "desktop")]
     pub profile: ProfileArg,

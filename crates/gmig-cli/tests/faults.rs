@@ -15,7 +15,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -505,31 +505,9 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
         // RESTORED crossed; RESUMED is held (the destination already runs the vGPU).
         ("resume", Dir::ToSource, 2 * CONTROL),
     ];
-    let mut table = Vec::new();
-    let mut failures = Vec::new();
-    let cells: Vec<(Fault, usize)> = [Fault::KillSource, Fault::KillDest, Fault::Cut]
-        .into_iter()
-        .flat_map(|f| (0..phases.len()).map(move |p| (f, p)))
-        .collect();
-    let results: Vec<_> = thread::scope(|s| {
-        let chunks: Vec<_> = cells
-            .chunks(cells.len().div_ceil(3))
-            .map(|chunk| {
-                let tmp = tmp.path();
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|&(fault, p)| {
-                            let dir = tmp.join(format!("{fault:?}-{p}"));
-                            std::fs::create_dir_all(&dir).unwrap();
-                            let (_, d, at) = phases[p];
-                            (fault, p, run(Some((d, at)), fault, &dir), dir)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        chunks.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    let results = run_cells(phases.len(), 3, tmp.path(), |fault, p, dir| {
+        let (_, d, at) = phases[p];
+        run(Some((d, at)), fault, dir)
     });
     let flavour = Flavour {
         state: &|j| {
@@ -546,27 +524,79 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
             reference_digest(frames)
         },
     };
+    let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+    // Before the destination holds a complete copy, a killed source takes the guest with it.
+    judge_all(
+        results,
+        &names,
+        |f, p| f == Fault::KillSource && p <= 4,
+        &flavour,
+        t0,
+    );
+}
+
+/// Runs every (fault, phase) cell, `threads` at a time, each in its own directory under `tmp`.
+fn run_cells(
+    phases: usize,
+    threads: usize,
+    tmp: &Path,
+    cell: impl Fn(Fault, usize, &Path) -> Run + Sync,
+) -> Vec<(Fault, usize, Run, PathBuf)> {
+    let cells: Vec<(Fault, usize)> = [Fault::KillSource, Fault::KillDest, Fault::Cut]
+        .into_iter()
+        .flat_map(|f| (0..phases).map(move |p| (f, p)))
+        .collect();
+    thread::scope(|s| {
+        let handles: Vec<_> = cells
+            .chunks(cells.len().div_ceil(threads))
+            .map(|chunk| {
+                let cell = &cell;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|&(fault, p)| {
+                            let dir = tmp.join(format!("{fault:?}-{p}"));
+                            std::fs::create_dir_all(&dir).unwrap();
+                            let r = cell(fault, p, &dir);
+                            (fault, p, r, dir)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
+}
+
+/// Judges every cell (`lost_ok`: where no owner is allowed), prints the table and fails on any
+/// broken invariant.
+fn judge_all(
+    results: Vec<(Fault, usize, Run, PathBuf)>,
+    names: &[&str],
+    lost_ok: impl Fn(Fault, usize) -> bool,
+    fl: &Flavour<'_>,
+    t0: Instant,
+) {
+    let mut table = Vec::new();
+    let mut failures = Vec::new();
     for (fault, p, r, dir) in results {
-        // Before the destination holds a complete copy, a killed source takes the guest with it.
-        let lost_ok = fault == Fault::KillSource && p <= 4;
+        // The in-doubt copies in `dir` are resumed while judging.
         table.push(judge(
             fault,
-            phases[p].0,
-            lost_ok,
+            names[p],
+            lost_ok(fault, p),
             &r,
-            &flavour,
+            fl,
             &mut failures,
         ));
         let _ = std::fs::remove_dir_all(&dir);
     }
-    print_table(&table, t0);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-}
-
-fn print_table(table: &[String], t0: Instant) {
     eprintln!("| fault | phase | source ends | destination ends | owner afterwards |");
     eprintln!("|---|---|---|---|---|");
-    for row in table {
+    for row in &table {
         eprintln!("{row}");
     }
     eprintln!(
@@ -574,6 +604,7 @@ fn print_table(table: &[String], t0: Instant) {
         table.len(),
         t0.elapsed().as_secs_f64()
     );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// How one kind of pair states its state and resumes a saved copy.
@@ -763,32 +794,9 @@ fn whole_vm_migration_has_one_owner_after_every_fault_at_the_switch_over() {
         // COMMIT crossed; RESUMED is held (the destination already runs the guest).
         ("resume", Dir::ToSource, Limit::Bytes(9)),
     ];
-    let cells: Vec<(Fault, usize)> = [Fault::KillSource, Fault::KillDest, Fault::Cut]
-        .into_iter()
-        .flat_map(|f| (0..phases.len()).map(move |p| (f, p)))
-        .collect();
-    let results: Vec<_> = thread::scope(|s| {
-        let handles: Vec<_> = cells
-            .chunks(cells.len().div_ceil(2))
-            .map(|chunk| {
-                let tmp = tmp.path();
-                let cell = &cell;
-                s.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|&(fault, p)| {
-                            let dir = tmp.join(format!("{fault:?}-{p}"));
-                            let (_, d, at) = phases[p];
-                            (fault, p, cell(Some((d, at)), fault, &dir), dir)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap())
-            .collect()
+    let results = run_cells(phases.len(), 2, tmp.path(), |fault, p, dir| {
+        let (_, d, at) = phases[p];
+        cell(Some((d, at)), fault, dir)
     });
     let resume = |file: &Path| {
         let out = vm_cmd().arg("--resume").arg(file).output().unwrap();
@@ -805,20 +813,12 @@ fn whole_vm_migration_has_one_owner_after_every_fault_at_the_switch_over() {
         resume: &resume,
         expected: &|_| reference.clone(),
     };
-    let mut table = Vec::new();
-    let mut failures = Vec::new();
-    for (fault, p, r, dir) in results {
-        let lost_ok = fault == Fault::KillSource && p == 0;
-        table.push(judge(
-            fault,
-            phases[p].0,
-            lost_ok,
-            &r,
-            &flavour,
-            &mut failures,
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    print_table(&table, t0);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+    judge_all(
+        results,
+        &names,
+        |f, p| f == Fault::KillSource && p == 0,
+        &flavour,
+        t0,
+    );
 }

@@ -132,8 +132,8 @@ fn engine_cfg(args: &MigrateArgs) -> MigrationConfig {
     let mut cfg = MigrationConfig::new(policy_of(args.policy));
     cfg.max_drain = args.max_drain;
     cfg.step_every_batches = 8;
-    if args.timeout.is_finite() && args.timeout > 0.0 {
-        cfg.timeout = std::time::Duration::from_secs_f64(args.timeout);
+    if let Ok(t) = args.hand_over.timeout() {
+        cfg.timeout = t;
     }
     cfg
 }
@@ -149,12 +149,8 @@ fn vgpu_type(args: &MigrateArgs) -> anyhow::Result<VgpuType> {
 
 /// Run `gmig migrate`.
 pub fn run(args: &MigrateArgs, json: bool) -> Result<(), Failure> {
-    if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        return Err(Failure::Error(anyhow!(
-            "--timeout must be a positive number of seconds"
-        )));
-    }
-    match (&args.listen, &args.to, &args.resume) {
+    args.hand_over.timeout()?;
+    match (&args.listen, &args.to, &args.hand_over.resume) {
         (_, _, Some(path)) => resume(args, path, json),
         (Some(addr), _, _) => destination(args, &endpoint(addr)?, json),
         (None, Some(addr), _) => source(args, &endpoint(addr)?, json),
@@ -206,6 +202,7 @@ fn save_checkpoint(
     role: &str,
 ) -> anyhow::Result<std::path::PathBuf> {
     let path = args
+        .hand_over
         .checkpoint
         .clone()
         .unwrap_or_else(|| format!("gmig-in-doubt-{role}-{}.gmig", std::process::id()).into());

@@ -4,7 +4,6 @@
 use std::io::{BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use gmig_vgpu::gm::VgpuType;
@@ -88,15 +87,12 @@ struct Journaled {
 
 impl Journaled {
     fn new(conn: TcpStream, a: &VmMigrateArgs, role: &str) -> anyhow::Result<Journaled> {
-        if !(a.timeout.is_finite() && a.timeout > 0.0) {
-            return Err(anyhow!("--timeout must be a positive number of seconds"));
-        }
-        let t = Some(Duration::from_secs_f64(a.timeout));
+        let t = Some(a.hand_over.timeout()?);
         conn.set_read_timeout(t)
             .and_then(|()| conn.set_write_timeout(t))
             .and_then(|()| conn.set_nodelay(true))
             .context("connection options")?;
-        let path = a.checkpoint.clone().unwrap_or_else(|| {
+        let path = a.hand_over.checkpoint.clone().unwrap_or_else(|| {
             format!("gmig-vm-in-doubt-{role}-{}.gmigvm", std::process::id()).into()
         });
         let file = std::fs::File::create(&path)
@@ -197,7 +193,7 @@ fn resume(a: &VmMigrateArgs, path: &Path, json: bool) -> Result<(), Failure> {
 }
 
 fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
-    if let Some(path) = &a.resume {
+    if let Some(path) = &a.hand_over.resume {
         return resume(a, path, json);
     }
     match (&a.listen, &a.to) {
