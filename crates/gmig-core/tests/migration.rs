@@ -486,3 +486,95 @@ fn mig_data_size_never_underestimates_the_stop_copy_bytes() {
         eprintln!("{policy:?} opaque {opaque}: estimate {estimate}, in stop-copy {after_stop}, actual {actual}");
     }
 }
+
+mod hand_over {
+    use super::*;
+    use gmig_core::migration::{receive_migration, Incoming, MigratableVm};
+    use proptest::prelude::*;
+
+    /// Continues a VM to the end of the run and returns its digest.
+    fn finish_run(mut vm: SyntheticVm) -> u64 {
+        for _ in vm.submitted()..TOTAL_STEPS {
+            vm.step().unwrap();
+        }
+        vm.finish().unwrap();
+        vm.guest_digest().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// The connection drops at any byte in either direction — the stream, HEADER_ACCEPTED,
+        /// RESTORED, COMMIT, RESUMED — under any policy. Then: never do both sides run; the
+        /// source lets its copy go only when the destination runs; a side that is not sure keeps
+        /// a stopped copy (in doubt); and the copy an operator resumes (the running one, or else
+        /// an in-doubt one) continues to exactly the unmigrated run's state.
+        #[test]
+        fn a_cut_anywhere_in_either_direction_leaves_one_owner_and_loses_nothing(
+            frac in 0.0f64..1.0,
+            towards_destination in any::<bool>(),
+            p in 0usize..4,
+        ) {
+            let policy = Policy::ALL[p];
+            let synth = synth_cfg(4, 0);
+            let want = reference(synth);
+            let (_, stream) = layout(policy);
+            let (a, b) = mem_pair(1 << 16);
+            // Source → destination: the stream and COMMIT (16 bytes); back: HEADER_ACCEPTED and
+            // RESTORED (16 each) and RESUMED (32).
+            let (a, b): (Box<dyn Connection>, Box<dyn Connection>) = if towards_destination {
+                let cut = ((stream + 16) as f64 * frac) as u64;
+                (Box::new(Counted::new(a).cut_after(cut)), Box::new(b))
+            } else {
+                let cut = (64.0 * frac) as u64;
+                (Box::new(a), Box::new(Counted::new(b).cut_after(cut)))
+            };
+            let mut vm = SyntheticVm::new(synth, SRC_AP, SRC_HID).unwrap();
+            for _ in 0..BEFORE {
+                vm.step().unwrap();
+            }
+            let mut c = cfg(policy);
+            c.timeout = Duration::from_secs(2);
+            let c2 = c.clone();
+            let dest = thread::spawn(move || receive_migration(factory(), b, &c2));
+            let mut handle = source_handle(vm, &c).unwrap();
+            let src = migrate_source(&mut handle, a, &c, &mut |_| {});
+            let dst = dest.join().unwrap();
+            let src_state = MigrationTarget::state(&mut handle).unwrap();
+            let src_runs = src.as_ref().is_err_and(|e| !e.in_doubt());
+            let src_in_doubt = src.as_ref().is_err_and(MigrationError::in_doubt);
+            let dst_runs = matches!(dst, Ok(Incoming::Running(..)));
+            prop_assert!(!(src_runs && dst_runs), "both run: {src:?} / {dst:?}");
+            if src.is_ok() {
+                prop_assert!(dst_runs, "the source let go but the destination does not run");
+            }
+            if src_runs {
+                prop_assert_eq!(src_state, DeviceState::Running);
+            } else {
+                // Released or in doubt: stopped, never resumed by itself.
+                prop_assert_eq!(src_state, DeviceState::Stop);
+            }
+            let owner = match dst {
+                Ok(Incoming::Running(vm, _)) => vm,
+                _ if src_runs => handle.into_device().into_vm(),
+                Ok(Incoming::InDoubt { mut vm, error }) => {
+                    prop_assert!(error.in_doubt());
+                    // The operator resumes the destination's copy (the source, in doubt or not,
+                    // does not run).
+                    vm.unquiesce().unwrap();
+                    vm
+                }
+                Err(e) => {
+                    prop_assert!(
+                        src_in_doubt,
+                        "neither side holds the guest: {src:?} / {e}"
+                    );
+                    // Only the source's stopped copy is left: the operator resumes it.
+                    MigrationTarget::set_state(&mut handle, DeviceState::Running).unwrap();
+                    handle.into_device().into_vm()
+                }
+            };
+            prop_assert_eq!(finish_run(owner), want);
+        }
+    }
+}
