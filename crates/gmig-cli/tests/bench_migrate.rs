@@ -68,6 +68,22 @@ fn tiny_matrix_json_is_complete_and_consistent() {
     let v = gmig(&args);
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 3 * 2, "policies x links: {v}");
+    // The other two policies against one-shot-narrow, per link, from the same rows.
+    let cmp = v["comparison"].as_array().expect("comparison");
+    assert_eq!(cmp.len(), 2 * 2, "{v}");
+    for c in cmp {
+        let row = |policy: &str| {
+            rows.iter()
+                .find(|r| r["policy"] == policy && r["link_gbps"] == c["link_gbps"])
+                .unwrap()
+        };
+        let (other, narrow) = (row(c["policy"].as_str().unwrap()), row("one-shot-narrow"));
+        assert_ne!(c["policy"], "one-shot-narrow");
+        let want = f(other, &["downtime_ms", "p50"]) / f(narrow, &["downtime_ms", "p50"]);
+        assert!((f(c, &["downtime_ratio"]) - want).abs() < 1e-9, "{c}");
+        let want = u(other, "pages_stop_copy") as f64 / u(narrow, "pages_stop_copy") as f64;
+        assert!((f(c, &["stop_copy_pages_ratio"]) - want).abs() < 1e-9, "{c}");
+    }
     for r in rows {
         assert_eq!(r["profile"], "desktop");
         assert_eq!(r["vgpu_type"], "64+384");
@@ -162,7 +178,10 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         serde_json::from_str(&std::fs::read_to_string(out.join("migrate.json")).unwrap()).unwrap();
     assert_eq!(on_disk["rows"], v["rows"]);
     let md = std::fs::read_to_string(out.join("migrate.md")).unwrap();
-    assert_eq!(md.lines().filter(|l| l.contains("| desktop |")).count(), 6);
+    // Six rows, then four comparisons with one-shot-narrow.
+    assert_eq!(md.lines().filter(|l| l.contains("| desktop |")).count(), 6 + 4);
+    assert!(md.contains("Policies against one-shot-narrow"), "{md}");
+    assert!(md.contains("one-shot (gMig paper)"), "{md}");
 }
 
 #[test]

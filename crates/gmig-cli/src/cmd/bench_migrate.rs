@@ -9,7 +9,8 @@ use gmig_vgpu::workload::Profile;
 use super::bench_matrix::{run_matrix, Matrix};
 use super::bench_plot::{plot_by_policy, plot_by_size};
 use super::bench_report::{
-    command_line, judge, machine, markdown_table, markdown_targets, write_out,
+    command_line, compare_policies, judge, machine, markdown_comparison, markdown_table,
+    markdown_targets, write_out,
 };
 use crate::cli::BenchMigrateArgs;
 use crate::cmd::migrate::policy_of;
@@ -59,14 +60,21 @@ pub fn migrate(args: &BenchMigrateArgs, json: bool) -> Result<(), Failure> {
     };
     let rows = run_matrix(&m)?;
     let targets = judge(&rows);
+    let comparison = compare_policies(&rows);
     let doc = serde_json::json!({
         "command": command_line(),
         "machine": machine(),
         "matrix": m,
         "rows": rows,
+        "comparison": comparison,
         "targets": targets,
     });
-    let md = format!("{}\n{}", markdown_table(&rows), markdown_targets(&targets));
+    let md = format!(
+        "{}{}\n{}",
+        markdown_table(&rows),
+        markdown_comparison(&comparison),
+        markdown_targets(&targets)
+    );
     if let Some(dir) = &c.out {
         write_out(dir, "migrate", &doc, &md)?;
         plot_by_policy(&dir.join("downtime-by-policy.svg"), &rows)?;

@@ -53,6 +53,82 @@ fn reductions(rows: &[Row], policy: &str) -> Vec<(String, String, Option<f64>, f
         .collect()
 }
 
+/// One policy against one-shot-narrow on the same profile, vGPU type and link, in the same run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Workload profile.
+    pub profile: String,
+    /// vGPU type.
+    pub vgpu_type: String,
+    /// Link speed in Gbit/s (`null`: unlimited).
+    pub link_gbps: Option<f64>,
+    /// The other policy (`iterative` is QEMU-like pre-copy rounds, `one-shot` the gMig paper's).
+    pub policy: String,
+    /// Its median downtime over one-shot-narrow's.
+    pub downtime_ratio: f64,
+    /// Its median whole-migration time over one-shot-narrow's.
+    pub total_ratio: f64,
+    /// Its stop-copy pages over one-shot-narrow's.
+    pub stop_copy_pages_ratio: f64,
+}
+
+/// Every other policy of the run against one-shot-narrow, where both ran on the same profile,
+/// type and link.
+pub(crate) fn compare_policies(rows: &[Row]) -> Vec<Comparison> {
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    rows.iter()
+        .filter(|r| r.policy != "one-shot-narrow")
+        .filter_map(|r| {
+            let base = find(
+                rows,
+                &r.profile,
+                &r.vgpu_type,
+                "one-shot-narrow",
+                r.link_gbps,
+            )?;
+            Some(Comparison {
+                profile: r.profile.clone(),
+                vgpu_type: r.vgpu_type.clone(),
+                link_gbps: r.link_gbps,
+                policy: r.policy.clone(),
+                downtime_ratio: ratio(r.downtime_ms.p50, base.downtime_ms.p50),
+                total_ratio: ratio(r.total_ms.p50, base.total_ms.p50),
+                stop_copy_pages_ratio: ratio(r.pages_stop_copy as f64, base.pages_stop_copy as f64),
+            })
+        })
+        .collect()
+}
+
+/// The comparison as a markdown table (empty when the run had no pair to compare).
+pub(crate) fn markdown_comparison(c: &[Comparison]) -> String {
+    if c.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\nPolicies against one-shot-narrow, same run (ratios of medians; > 1: one-shot-narrow is better):\n\n\
+         | profile | vGPU | link | policy | downtime | total | stop-copy pages |\n|---|---|---|---|---|---|---|\n",
+    );
+    for x in c {
+        let name = match x.policy.as_str() {
+            "iterative" => "iterative (QEMU-like)",
+            "one-shot" => "one-shot (gMig paper)",
+            other => other,
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {:.2}× | {:.2}× | {:.2}× |",
+            x.profile,
+            x.vgpu_type,
+            link_name(x.link_gbps),
+            name,
+            x.downtime_ratio,
+            x.total_ratio,
+            x.stop_copy_pages_ratio
+        );
+    }
+    s
+}
+
 pub(crate) fn judge(rows: &[Row]) -> Vec<Target> {
     let mut out = Vec::new();
     let t1 = find(rows, "desktop", "64+384", "one-shot-narrow", Some(10.0));
