@@ -329,8 +329,12 @@ pub struct BenchCommonArgs {
     #[arg(long)]
     pub ram_mib: Option<u64>,
     /// The small (256×192) workload instead of 1024×768 (smoke tests).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resolution")]
     pub small_workload: bool,
+    /// Screen (and render-target, video frame) size of the guest's workload: 1080p, 1440p, 4k or
+    /// WIDTHxHEIGHT (default 1024x768).
+    #[arg(long)]
+    pub resolution: Option<String>,
     /// Stop the source only once the destination has applied every pre-copy byte (emulates a
     /// destination-acknowledged switch-over; the engine stops as soon as it has written them).
     #[arg(long)]

@@ -82,7 +82,10 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         let want = f(other, &["downtime_ms", "p50"]) / f(narrow, &["downtime_ms", "p50"]);
         assert!((f(c, &["downtime_ratio"]) - want).abs() < 1e-9, "{c}");
         let want = u(other, "pages_stop_copy") as f64 / u(narrow, "pages_stop_copy") as f64;
-        assert!((f(c, &["stop_copy_pages_ratio"]) - want).abs() < 1e-9, "{c}");
+        assert!(
+            (f(c, &["stop_copy_pages_ratio"]) - want).abs() < 1e-9,
+            "{c}"
+        );
     }
     for r in rows {
         assert_eq!(r["profile"], "desktop");
@@ -179,7 +182,10 @@ fn tiny_matrix_json_is_complete_and_consistent() {
     assert_eq!(on_disk["rows"], v["rows"]);
     let md = std::fs::read_to_string(out.join("migrate.md")).unwrap();
     // Six rows, then four comparisons with one-shot-narrow.
-    assert_eq!(md.lines().filter(|l| l.contains("| desktop |")).count(), 6 + 4);
+    assert_eq!(
+        md.lines().filter(|l| l.contains("| desktop |")).count(),
+        6 + 4
+    );
     assert!(md.contains("Policies against one-shot-narrow"), "{md}");
     assert!(md.contains("one-shot (gMig paper)"), "{md}");
 }

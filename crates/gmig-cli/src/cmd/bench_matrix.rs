@@ -43,6 +43,29 @@ fn parse_link(s: &str) -> anyhow::Result<Option<f64>> {
     Ok(Some(g))
 }
 
+/// `1080p`, `1440p`, `4k` or `WIDTHxHEIGHT`.
+fn parse_resolution(s: &str) -> anyhow::Result<(u32, u32)> {
+    let (w, h) = match s.to_ascii_lowercase().as_str() {
+        "1080p" => (1920, 1080),
+        "1440p" => (2560, 1440),
+        "4k" | "2160p" => (3840, 2160),
+        other => {
+            let (w, h) = other
+                .split_once('x')
+                .with_context(|| format!("resolution `{s}`: use 1080p, 1440p, 4k or WxH"))?;
+            (
+                w.parse().with_context(|| format!("width in `{s}`"))?,
+                h.parse().with_context(|| format!("height in `{s}`"))?,
+            )
+        }
+    };
+    // The desktop's 64×64 cursor must fit, and a frame must fit a u16 blit rectangle.
+    if !(72..=8192).contains(&w) || !(72..=8192).contains(&h) {
+        bail!("resolution `{s}`: width and height must be 72 to 8192 pixels");
+    }
+    Ok((w, h))
+}
+
 /// The matrix a run covers.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Matrix {
@@ -57,6 +80,8 @@ pub(crate) struct Matrix {
     pub(crate) seed: u64,
     pub(crate) ram_mib: Option<u64>,
     pub(crate) small_workload: bool,
+    /// The workload's screen size, when not the default.
+    pub(crate) resolution: Option<(u32, u32)>,
     pub(crate) sync_precopy: bool,
     pub(crate) touch_memory: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
@@ -122,6 +147,7 @@ impl Matrix {
             seed: c.seed,
             ram_mib: c.ram_mib,
             small_workload: c.small_workload,
+            resolution: c.resolution.as_deref().map(parse_resolution).transpose()?,
             sync_precopy: c.sync_precopy,
             touch_memory: !c.untouched_memory,
             extra: Vec::new(),
@@ -163,6 +189,10 @@ impl Matrix {
         if self.small_workload {
             c.workload = WorkloadConfig::small();
         }
+        if let Some((w, h)) = self.resolution {
+            c.workload.width = w;
+            c.workload.height = h;
+        }
         c
     }
 }
@@ -186,6 +216,9 @@ pub struct Row {
     pub reps: usize,
     /// Whether the switch-over waited for the destination to apply the pre-copy stream.
     pub sync_precopy: bool,
+    /// The guest's screen size, WIDTHxHEIGHT.
+    #[serde(default)]
+    pub resolution: String,
     /// Downtime percentiles, ms.
     pub downtime_ms: Summary,
     /// Every repetition's downtime, ms.
@@ -282,6 +315,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         link_gbps: case.link_gbps,
         reps: samples.len(),
         sync_precopy: case.sync_precopy,
+        resolution: format!("{}x{}", case.workload.width, case.workload.height),
         downtime_ms,
         downtime_samples_ms: downtimes,
         total_ms,
@@ -362,5 +396,24 @@ mod tests {
         assert!(parse_link("0").is_err());
         assert!(parse_link("fast").is_err());
         assert!(parse_link("-1").is_err());
+    }
+
+    #[test]
+    fn resolutions_parse() {
+        assert_eq!(parse_resolution("1080p").unwrap(), (1920, 1080));
+        assert_eq!(parse_resolution("4K").unwrap(), (3840, 2160));
+        assert_eq!(parse_resolution("800x600").unwrap(), (800, 600));
+        for bad in [
+            "",
+            "hd",
+            "800",
+            "800x",
+            "x600",
+            "64x64",
+            "10000x100",
+            "-1x5",
+        ] {
+            assert!(parse_resolution(bad).is_err(), "{bad}");
+        }
     }
 }
