@@ -303,8 +303,9 @@ fn ms(t: Instant) -> f64 {
 /// to RUNNING and `m` can keep running, with nothing lost.
 ///
 /// From the first byte of COMMIT on, the source is in doubt until RESUMED arrives: any failure
-/// there returns [`Error::InDoubt`] and leaves the VM stopped (vCPU never entered again, vGPU in
-/// STOP), with its whole state, for the caller to keep until the doubt is resolved.
+/// there returns [`Error::InDoubt`] and leaves the VM stopped (vCPU never entered again, vGPU
+/// still in STOP_COPY with its data read), with its whole state, for the caller to keep until the
+/// doubt is resolved.
 pub fn migrate_out<S: Read + Write>(
     m: &mut Machine,
     guest: &GuestConfig,
