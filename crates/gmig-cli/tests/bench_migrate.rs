@@ -92,6 +92,9 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         assert_eq!(r["vgpu_type"], "64+384");
         assert_eq!(u(r, "vgpu_mib"), 448);
         assert_eq!(u(r, "guest_mib"), 24);
+        // The GPU's working set: some frames, never more than guest RAM has.
+        let gtt = u(r, "gtt_backed_pages");
+        assert!(gtt > 0 && gtt <= (24 << 20) / 4096, "{r}");
         assert_eq!(u(r, "reps"), 2);
         assert_eq!(r["downtime_samples_ms"].as_array().unwrap().len(), 2);
         let (p50, p95, max) = (

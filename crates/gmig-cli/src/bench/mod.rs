@@ -162,6 +162,9 @@ pub struct BenchSample {
     pub setup_ms: f64,
     /// The destination's own phases.
     pub dest: DestPhases,
+    /// Guest frames the vGPU's GTTs map when the migration starts (counted before it, not in
+    /// downtime): the GPU's working set, against which zero pages and stop-copy pages can be read.
+    pub gtt_backed_pages: u64,
 }
 
 /// The lower bound on downtime for `stop_copy_bytes` over a link of `link_gbps` (unlimited when
@@ -379,6 +382,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     }
     let cfg = migration_config(case);
     let read_gbps = read_bandwidth_gbps(&vm, cfg.hash_threads, 2)?;
+    let gtt_backed_pages = vm.vgpu().gtt_backed_pages().len() as u64;
     let setup_ms = t_setup.elapsed().as_secs_f64() * 1e3;
 
     let (a, b) = loopback_pair()?;
@@ -417,6 +421,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         bound_ms: bound_link_ms + bound_hash_ms,
         setup_ms,
         dest: dest.phases,
+        gtt_backed_pages,
     })
 }
 

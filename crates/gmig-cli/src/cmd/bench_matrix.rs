@@ -265,6 +265,9 @@ pub struct Row {
     pub pages_rehashed: u64,
     /// Zero-page markers among the page records (median).
     pub zero_pages: u64,
+    /// Guest frames the vGPU's GTTs mapped when the migration started (median).
+    #[serde(default)]
+    pub gtt_backed_pages: u64,
     /// Bytes on the wire while running (median).
     pub bytes_precopy: u64,
     /// Bytes on the wire in downtime (median).
@@ -338,6 +341,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         pages_total: u(|s| s.report.pages_total),
         pages_rehashed: u(|s| s.report.pages_rehashed),
         zero_pages: u(|s| s.report.zero_pages),
+        gtt_backed_pages: u(|s| s.gtt_backed_pages),
         bytes_precopy: u(|s| s.report.bytes_precopy),
         bytes_stop_copy: u(|s| s.report.bytes_stop_copy),
         widened: samples.iter().any(|s| s.report.widened),
