@@ -78,6 +78,20 @@ impl Failure {
     }
 }
 
+/// The fields with which a migrating side says, as it exits, its `role` and what it holds of the
+/// device under `key` (`vgpu` for `gmig migrate`, `vm` for `gmig vm migrate`): `running`, `none` or
+/// `in-doubt` (docs/reliability.md).
+pub fn side_fields(
+    role: &str,
+    key: &str,
+    holds: &str,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("role".into(), role.into());
+    m.insert(key.into(), holds.into());
+    m
+}
+
 /// The error and its causes, each said once: many error types already include their source in
 /// their own message, so a cause whose text is already part of what was said is not repeated.
 fn chain(e: &anyhow::Error) -> String {

@@ -15,7 +15,7 @@ use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::cli::{MigrateArgs, PolicyArg, ProfileArg};
-use crate::exit::Failure;
+use crate::exit::{side_fields, Failure};
 
 /// The engine's policy for a CLI policy.
 pub fn policy_of(p: PolicyArg) -> Policy {
@@ -174,11 +174,6 @@ fn endpoint(s: &str) -> anyhow::Result<Endpoint> {
     Ok(Endpoint::Tcp(addr))
 }
 
-/// What one side holds of the vGPU when it exits (`vgpu` in the JSON output).
-fn holds(what: &str) -> (String, serde_json::Value) {
-    ("vgpu".to_string(), what.into())
-}
-
 /// The side that runs the vGPU finishes the work queued on it, then states a digest of its
 /// guest-visible state (registers, GGTT, faults, guest RAM) so that a migrated, a rolled-back and
 /// a resumed vGPU can be checked against a reference computed elsewhere.
@@ -230,10 +225,7 @@ fn in_doubt(
     error: anyhow::Error,
     json: bool,
 ) -> Failure {
-    let mut fields = serde_json::Map::new();
-    fields.insert("role".into(), role.into());
-    let (k, v) = holds("in-doubt");
-    fields.insert(k, v);
+    let mut fields = side_fields(role, "vgpu", "in-doubt");
     match save_checkpoint(vm, args, role) {
         Ok(path) => {
             if !json {
@@ -285,13 +277,9 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
             ))
         }
         Err(e) => {
-            let mut fields = serde_json::Map::new();
-            fields.insert("role".into(), "destination".into());
-            let (k, v) = holds("none");
-            fields.insert(k, v);
             return Err(Failure::Migration {
                 error: anyhow!(e).context("incoming migration; nothing of the vGPU is kept here"),
-                fields,
+                fields: side_fields("destination", "vgpu", "none"),
                 in_doubt: false,
             });
         }
@@ -403,9 +391,7 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
             let phase = MigrationPhase::from(&e);
             let mut vm = handle.into_device().into_vm();
             let mut fields = finish_owned(&mut vm);
-            fields.insert("role".into(), "source".into());
-            let (k, v) = holds("running");
-            fields.insert(k, v);
+            fields.extend(side_fields("source", "vgpu", "running"));
             fields.insert("frames".into(), frames.into());
             if !json {
                 eprintln!(

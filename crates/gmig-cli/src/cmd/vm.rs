@@ -12,7 +12,7 @@ use gmig_vmm::migrate::{migrate_in, migrate_out, resume_in, Options};
 use gmig_vmm::{GpuLink, GuestConfig, GuestProfile, Machine, Remote, Stop};
 
 use crate::cli::{VmCommand, VmGuestArgs, VmMigrateArgs};
-use crate::exit::Failure;
+use crate::exit::{side_fields, Failure};
 
 /// Run `gmig vm …`.
 pub fn run(cmd: &VmCommand, json: bool) -> Result<(), Failure> {
@@ -148,9 +148,7 @@ impl Write for Journaled {
 
 /// A side in doubt: keep its journal and say so (exit code 4).
 fn vm_in_doubt(j: Journaled, role: &str, e: gmig_vmm::Error) -> Failure {
-    let mut fields = serde_json::Map::new();
-    fields.insert("role".into(), role.into());
-    fields.insert("vm".into(), "in-doubt".into());
+    let mut fields = side_fields(role, "vm", "in-doubt");
     let error = match j.keep() {
         Ok(path) => {
             eprintln!(
@@ -212,12 +210,9 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                 Ok(r) => r,
                 Err(e) if e.in_doubt() => return Err(vm_in_doubt(conn, "destination", e)),
                 Err(e) => {
-                    let mut fields = serde_json::Map::new();
-                    fields.insert("role".into(), "destination".into());
-                    fields.insert("vm".into(), "none".into());
                     return Err(Failure::Migration {
                         error: anyhow!(e).context("receiving the VM; nothing of it is kept here"),
-                        fields,
+                        fields: side_fields("destination", "vm", "none"),
                         in_doubt: false,
                     });
                 }
@@ -279,12 +274,9 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                         json,
                         serde_json::json!({ "migrated": false, "vm": "running", "role": "source" }),
                     )?;
-                    let mut fields = serde_json::Map::new();
-                    fields.insert("role".into(), "source".into());
-                    fields.insert("vm".into(), "running".into());
                     return Err(Failure::Migration {
                         error: anyhow!(e).context("migrating the VM"),
-                        fields,
+                        fields: side_fields("source", "vm", "running"),
                         in_doubt: false,
                     });
                 }
