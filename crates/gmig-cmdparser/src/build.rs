@@ -228,6 +228,25 @@ pub fn primitive_3d(vertex_count: u32) -> Vec<u32> {
     vec![0x7b00_0000 | 5, 0, vertex_count, 0, 1, 0, 0]
 }
 
+/// STATE_BASE_ADDRESS (GEN9 layout, 19 dwords) setting the surface-state, dynamic-state and
+/// instruction bases, the last two bounded to 16 pages.
+pub fn state_base_address_3d(surface_state: u64, dynamic_state: u64, instruction: u64) -> Vec<u32> {
+    let mut v = state_base_address(surface_state, dynamic_state);
+    v[10] = (instruction as u32 & !0xfff) | 1;
+    v[11] = (instruction >> 32) as u32 & 0xffff;
+    v[15] = (16 << 12) | 1;
+    v
+}
+
+/// A GEN8–GEN11 3D state command `name` of `len` dwords (header only, fields zero: a disabled
+/// stage, a disabled stencil buffer, no stream output).
+pub fn state_off(gen: crate::Gen, name: &str, len: u32) -> Option<Vec<u32>> {
+    let d = crate::by_name(gen, crate::Engine::Render, name)?;
+    let mut v = vec![0u32; len as usize];
+    v[0] = d.header(len);
+    Some(v)
+}
+
 /// STATE_BASE_ADDRESS (GEN9 layout, 19 dwords) setting the surface-state and dynamic-state
 /// bases (with their modify-enable bits) and leaving the others unmodified.
 pub fn state_base_address(surface_state: u64, dynamic_state: u64) -> Vec<u32> {

@@ -21,7 +21,9 @@
 //! | [`decode`] | [`Decoder`] (zero-copy, lazy, total), [`Decoded`], [`AddressUse`], [`BatchContext`] |
 //! | [`audit`](mod@audit) | [`audit`](audit()) one command, [`audit_buffer`]; [`regs`]: the register whitelist |
 //! | [`remap`] | [`remap_in_place`] (all or nothing, round-trips) |
-//! | [`writeset`] | [`Decoded::write_set`] → [`WriteSet`] (sound over-approximation) |
+//! | [`writeset`] | [`Decoded::write_set`] → [`WriteSet`] (sound over-approximation), [`Reach`] |
+//! | [`indirect`] | [`IndirectState`]: binding tables, surface states, depth/SO/video buffers → a work command's [`Footprint`] |
+//! | [`isa`] | [`isa::scan_kernel`]: which binding-table entries an EU kernel's SENDs read and write |
 //! | [`walk`](mod@walk) | ring → first → second-level batches: [`walk`](walk()), [`audit_walk`], [`remap_walk`] |
 //! | [`memory`] | the caller's [`GpuMemory`]/[`GpuMemoryMut`], a sparse [`PageMemory`] |
 //! | [`build`] | encoders for the commands the reference vGPU executes |
@@ -57,6 +59,8 @@ pub mod audit;
 pub mod build;
 pub mod decode;
 mod desc;
+pub mod indirect;
+pub mod isa;
 pub mod memory;
 pub mod regs;
 pub mod remap;
@@ -74,6 +78,7 @@ pub use decode::{
     decode_one, AddressIter, AddressUse, BatchContext, BatchLevel, DecodeError, Decoded, Decoder,
     INVALID_LEN,
 };
+pub use indirect::{Footprint, IndirectState, Stage, SurfaceRole, SurfaceUse};
 pub use memory::{GpuMemory, GpuMemoryMut, MemoryError, PageMemory};
 pub use regs::{register_allowed, RegAccess};
 pub use remap::{remap_in_place, RemapError, RemapStats};
@@ -85,4 +90,4 @@ pub use walk::{
     audit_walk, remap_walk, walk, walk_batch, Budget, RingSpan, WalkError, WalkSummary,
     WalkedCommand,
 };
-pub use writeset::{AddressRange, WriteSet};
+pub use writeset::{AddressRange, Reach, WriteSet};

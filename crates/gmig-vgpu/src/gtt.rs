@@ -286,6 +286,17 @@ impl GpuView<'_> {
         Ok((gpa, n))
     }
 
+    /// Adds every frame `reach` maps in this view (the GGTT's, and the PPGTT's when the view
+    /// has one): where a command whose writes its state does not bound can write.
+    pub fn reach_frames(&self, reach: gmig_cmdparser::Reach, out: &mut BTreeSet<Gfn>) {
+        if reach.ggtt {
+            out.extend(self.ggtt.mapped_frames());
+        }
+        if let (true, Some(root)) = (reach.ppgtt, self.pml4) {
+            ppgtt_frames(self.mem, root, out);
+        }
+    }
+
     /// Reads `out.len()` bytes at `addr`.
     pub fn read(&self, space: Space, addr: u64, out: &mut [u8]) -> Result<()> {
         let mut done = 0usize;

@@ -309,10 +309,17 @@ impl MigratableVm for VgpuVm {
             let view = self.vgpu.host_view(w.pml4);
             let mut log = WriteLog::default();
             let before = out.pages.len();
+            let mut sets = crate::shadow::WriteSets {
+                state: crate::shadow::workload_state(gen, &view),
+                candidate: &mut out.pages,
+                reach: gmig_cmdparser::Reach::default(),
+            };
             for cmd in &w.commands {
-                crate::shadow::log_write_set(gen, w.engine, cmd, &view, &mut log, &mut out.pages);
+                crate::shadow::log_write_set(gen, w.engine, cmd, &view, &mut log, &mut sets);
             }
-            if log.unknown {
+            // Writes bounded only by the context's reach are estimated like unknown ones.
+            let within_reach = sets.reach != gmig_cmdparser::Reach::default();
+            if log.unknown || within_reach {
                 if seen == 0 {
                     return None;
                 }

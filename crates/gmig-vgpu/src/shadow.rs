@@ -3,8 +3,8 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit, decode_one, remap_in_place, walk, AddressSpace, Budget, Engine, GgttOffset, GpuMemory,
-    MemoryError, RingSpan, SliceMove, WalkError, WriteSet,
+    audit, decode_one, remap_in_place, walk, AddressSpace, Budget, Engine, Footprint, GgttOffset,
+    GpuMemory, IndirectState, MemoryError, Reach, RingSpan, SliceMove, WalkError, WriteSet,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
@@ -194,35 +194,76 @@ pub(crate) fn audit_command(
     audit(&d, &cmd.ctx, slices).map_err(|e| e.to_string())
 }
 
-/// Adds one executing command's write set (pages through the host view) to `log`; returns the
-/// command's name.
+/// Indirect state for one workload run through `view` (its PPGTT when the context has one).
+pub(crate) fn workload_state(gen: gmig_cmdparser::Gen, view: &GpuView<'_>) -> IndirectState {
+    let space = if view.pml4.is_some() {
+        AddressSpace::Ppgtt
+    } else {
+        AddressSpace::Ggtt
+    };
+    IndirectState::new(gen, space)
+}
+
+/// What one workload's commands may write, collected command by command.
+pub(crate) struct WriteSets<'a> {
+    /// The workload's indirect state.
+    pub state: IndirectState,
+    /// Frames the commands' write sets name.
+    pub candidate: &'a mut Vec<Gfn>,
+    /// The GTT reach some command's writes are bounded by (nothing when all are named).
+    pub reach: Reach,
+}
+
+impl WriteSets<'_> {
+    /// Adds the reach's frames (in `view`) to the candidates; whether there was a reach.
+    pub(crate) fn close(self, view: &GpuView<'_>) -> bool {
+        if self.reach == Reach::default() {
+            return false;
+        }
+        let mut frames = std::collections::BTreeSet::new();
+        view.reach_frames(self.reach, &mut frames);
+        self.candidate.extend(frames);
+        true
+    }
+}
+
+/// Adds one executing command's write set (pages through the host view, indirect state
+/// followed) to `log` and `sets`; returns the command's name and, for a draw, a dispatch or a
+/// decode, its footprint.
 pub(crate) fn log_write_set(
     gen: gmig_cmdparser::Gen,
     engine: EngineId,
     cmd: &ShadowCommand,
     view: &GpuView<'_>,
     log: &mut WriteLog,
-    candidate: &mut Vec<Gfn>,
-) -> &'static str {
+    sets: &mut WriteSets<'_>,
+) -> (&'static str, Option<Footprint>) {
     log.commands += 1;
     let Ok(d) = decode_one(gen, parser_engine(engine), &cmd.dwords, 0) else {
         log.unknown = true;
-        return "UNDECODABLE";
+        return ("UNDECODABLE", None);
     };
-    match d.write_set(&cmd.ctx) {
-        WriteSet::Nothing => {}
-        WriteSet::Unknown => log.unknown = true,
-        WriteSet::Ranges(ranges) => {
-            for r in ranges {
-                let first = r.start / PAGE_SIZE;
-                let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
-                for p in first..=last {
-                    if let Ok(gpa) = view.translate(r.space, p * PAGE_SIZE) {
-                        candidate.push(Gfn::containing(gpa));
-                    }
-                }
+    let (set, footprint) = sets.state.step(&d, &cmd.ctx, view);
+    let ranges = match set {
+        WriteSet::Nothing => Vec::new(),
+        WriteSet::Unknown => {
+            log.unknown = true;
+            Vec::new()
+        }
+        WriteSet::Ranges(ranges) => ranges,
+        WriteSet::WithinReach { ranges, reach } => {
+            sets.reach = sets.reach.union(reach);
+            ranges
+        }
+    };
+    for r in ranges {
+        let first = r.start / PAGE_SIZE;
+        let last = r.start.saturating_add(r.len.max(1) - 1) / PAGE_SIZE;
+        for p in first..=last {
+            if let Ok(gpa) = view.translate(r.space, p * PAGE_SIZE) {
+                sets.candidate.push(Gfn::containing(gpa));
             }
         }
     }
-    d.desc.name
+    (d.desc.name, footprint)
 }

@@ -125,13 +125,16 @@ pub struct ExecStats {
 pub struct WriteLog {
     /// Guest frames the executed commands' write sets (from gmig-cmdparser) cover.
     pub candidate: BTreeSet<Gfn>,
-    /// Some executed command's write set was unknown (a draw, a media object): assume anything.
+    /// Some executed command could not be decoded: assume it wrote anything.
     pub unknown: bool,
     /// Guest frames the reference engine actually wrote (always a subset of what a sound
     /// candidate set plus `unknown` allows; kept for checking that).
     pub actual: BTreeSet<Gfn>,
     /// Commands logged.
     pub commands: u64,
+    /// Workloads some of whose writes are bounded only by their context's GTT reach (the
+    /// reach's frames are in `candidate`).
+    pub reach_workloads: u64,
 }
 
 impl WriteLog {
@@ -141,6 +144,7 @@ impl WriteLog {
         self.actual.append(&mut other.actual);
         self.unknown |= other.unknown;
         self.commands += other.commands;
+        self.reach_workloads += other.reach_workloads;
     }
 }
 

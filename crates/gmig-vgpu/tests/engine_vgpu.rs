@@ -114,10 +114,18 @@ fn narrow_cuts_desktop_stop_copy_pages_by_at_least_80_percent() {
         narrow.pages_rehashed * 10 < oneshot.pages_rehashed,
         "{narrow:?} {oneshot:?}"
     );
-    // The 3d profile's draws have unknown write sets: narrowing must widen there.
-    let (three_d, ok) = differential(Profile::ThreeD, 5, Policy::OneShotNarrow, true);
-    assert!(ok);
-    assert!(three_d.widened, "{three_d:?}");
+    // Draws, dispatches and decodes narrow too: their write sets come from the indirect state
+    // (render target, depth, the kernels' buffers, decode destinations), not from "anything".
+    for profile in [Profile::ThreeD, Profile::Compute, Profile::Video] {
+        let (n, ok) = differential(profile, 5, Policy::OneShotNarrow, true);
+        let (o, ok2) = differential(profile, 5, Policy::OneShot, true);
+        assert!(ok && ok2, "{profile:?}");
+        assert!(!n.widened, "{profile:?}: {n:?}");
+        assert!(
+            n.pages_rehashed * 10 < o.pages_rehashed,
+            "{profile:?}: narrow {n:?} one-shot {o:?}"
+        );
+    }
 }
 
 #[test]
@@ -345,4 +353,93 @@ fn the_destination_owns_the_vgpu_only_after_commit_and_keeps_a_copy_when_in_doub
             (script, other) => panic!("{script}: {other:?}"),
         }
     }
+}
+
+/// The reference vGPU with a deliberately too-small candidate set: the frames of one object are
+/// left out of what narrowing re-hashes.
+struct TooSmall {
+    vm: VgpuVm,
+    left_out: std::collections::BTreeSet<gmig_vgpu::gm::Gfn>,
+}
+
+impl MigratableVm for TooSmall {
+    fn stream_header(&self) -> gmig_core::stream::StreamHeader {
+        self.vm.stream_header()
+    }
+    fn memory(&self) -> &vm_memory::GuestMemoryMmap {
+        self.vm.memory()
+    }
+    fn migratable_pages(&self) -> Vec<gmig_vgpu::gm::Gfn> {
+        self.vm.migratable_pages()
+    }
+    fn migratable_pages_fixed(&self) -> bool {
+        self.vm.migratable_pages_fixed()
+    }
+    fn step(&mut self) -> Result<(), gmig_core::migration::VmError> {
+        self.vm.step()
+    }
+    fn start_write_tracking(&mut self) {
+        self.vm.start_write_tracking();
+    }
+    fn stop_write_tracking(&mut self) {
+        self.vm.stop_write_tracking();
+    }
+    fn write_candidates(&mut self) -> gmig_core::migration::Candidates {
+        match self.vm.write_candidates() {
+            gmig_core::migration::Candidates::Pages(p) => gmig_core::migration::Candidates::Pages(
+                p.into_iter()
+                    .filter(|g| !self.left_out.contains(g))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+    fn quiesce(&mut self, max_drain: usize) -> Result<usize, gmig_core::migration::VmError> {
+        self.vm.quiesce(max_drain)
+    }
+    fn unquiesce(&mut self) -> Result<(), gmig_core::migration::VmError> {
+        self.vm.unquiesce()
+    }
+    fn save_state(
+        &self,
+    ) -> Result<Vec<(gmig_core::stream::StateKind, Vec<u8>)>, gmig_core::migration::VmError> {
+        self.vm.save_state()
+    }
+}
+
+#[test]
+fn a_too_small_candidate_set_loses_the_compute_output() {
+    // Negative control for narrowing on dispatches: leave the compute buffer (what the kernel's
+    // untyped writes reach through the binding table) out of the candidates; the migrated run
+    // then differs from the unmigrated one. With the full set (every test above) it does not.
+    let (s, d) = slices();
+    let profile = Profile::Compute;
+    let mut vm = boot(profile, 21, s);
+    vm.run_steps(BEFORE).unwrap();
+    let mut driver = vm.take_driver().unwrap();
+    let buf = driver.object("compute").unwrap();
+    // Objects are contiguous in guest RAM.
+    let left_out = (buf.gpa / 4096..(buf.gpa + buf.size) / 4096)
+        .map(gmig_vgpu::gm::Gfn)
+        .collect();
+    vm.attach_driver(driver);
+    let c = cfg(Policy::OneShotNarrow);
+    let c2 = c.clone();
+    let (a, b) = tcp_pair();
+    let f = factory(d, true);
+    let dest = thread::spawn(move || migrate_destination(f, b, &c2));
+    let mut handle = source_handle(TooSmall { vm, left_out }, &c).unwrap();
+    let report = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap();
+    assert!(!report.widened);
+    let mut src = handle.into_device().into_vm().vm;
+    let (mut moved, _) = dest.join().unwrap().unwrap();
+    driver = src.take_driver().unwrap();
+    moved.attach_driver(driver);
+    moved.run_steps(AFTER).unwrap();
+    moved.finish().unwrap();
+    let mut reference = boot(profile, 21, s);
+    reference.run_steps(moved.frames()).unwrap();
+    reference.finish().unwrap();
+    let diff = compare_guest_visible(reference.vgpu(), moved.vgpu());
+    assert!(!diff.is_identical(), "the negative control must differ");
 }

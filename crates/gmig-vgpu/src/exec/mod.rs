@@ -4,15 +4,18 @@
 //! already in host slices). Executed: `MI_NOOP`, `MI_BATCH_BUFFER_START/END` (flow), `MI_STORE_DATA_IMM`,
 //! `MI_LOAD_REGISTER_IMM`, `MI_FLUSH_DW` and `PIPE_CONTROL` post-sync writes, `MI_USER_INTERRUPT`,
 //! `XY_COLOR_BLT`, `XY_SRC_COPY_BLT`, `XY_FAST_COPY_BLT` (linear and X-tiled), and a model of
-//! `3DPRIMITIVE` / `GPGPU_WALKER` / the media object that writes the bound render target and depth
-//! buffer (or the bound output buffer). Every other valid command is decoded, skipped and counted.
+//! the work commands — `3DPRIMITIVE`, `3DSTATE_WM_HZ_OP`, `GPGPU_WALKER` and the media objects,
+//! the video decoders' BSD objects — that writes what gmig-cmdparser's indirect-state walk
+//! ([`gmig_cmdparser::IndirectState`]) says the command writes. Every other valid command is
+//! decoded, skipped and counted.
 //!
-//! A draw is modelled as a deterministic fill of its bound surfaces. Real hardware runs shaders that
-//! may write anywhere the context can reach, which is why gmig-cmdparser's write set for a draw is
-//! *unknown* and dirty-page narrowing must widen there; the model's own writes are recorded
-//! separately ([`crate::work::WriteLog::actual`]) so tests can check candidate sets stay sound.
+//! A work command is modelled as a deterministic fill of the surfaces its [`Footprint`] marks as
+//! written: the render targets and buffers its kernels' SEND messages write, depth, stencil, HiZ
+//! and stream output, video destinations and row stores. The engine has no private idea of what a
+//! draw writes: it takes the parser's. Its writes are recorded separately
+//! ([`crate::work::WriteLog::actual`]) so tests can check candidate sets stay sound.
 
-use gmig_cmdparser::Gen;
+use gmig_cmdparser::{Footprint, Gen, SurfaceRole};
 
 use crate::gm::Gfn;
 use crate::gtt::{GpuView, GttError, Space};
@@ -78,14 +81,10 @@ impl Surface {
     }
 }
 
-/// Per-workload 3D/media state the draw model needs.
+/// Per-workload state the work model needs beyond the parser's footprint.
 #[derive(Clone, Copy, Debug, Default)]
 struct PipeState {
-    surface_base: Option<u64>,
-    binding_table: Option<u32>,
-    depth: Option<(u64, u64, u32, u32)>, // address, pitch, width, height
     depth_clear: u32,
-    media_out: Option<(u64, u64, u32, u32)>, // NV12 output: address, pitch, width, height
 }
 
 struct Ctx<'a> {
@@ -143,17 +142,27 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
             view,
             written: Vec::new(),
         };
+        let mut sets = crate::shadow::WriteSets {
+            state: crate::shadow::workload_state(gen, &view),
+            candidate: &mut candidate,
+            reach: gmig_cmdparser::Reach::default(),
+        };
         for cmd in &w.commands {
-            let name = crate::shadow::log_write_set(
+            let (name, footprint) = crate::shadow::log_write_set(
                 gen,
                 w.engine,
                 cmd,
                 &ctx.view,
                 &mut out.log,
-                &mut candidate,
+                &mut sets,
             );
             out.clock += 1;
-            match run_command(&mut ctx, &mut pipe, cmd, name, out.clock, &mut effects) {
+            let work = Work {
+                name,
+                footprint: footprint.as_ref(),
+                clock: out.clock,
+            };
+            match run_command(&mut ctx, &mut pipe, cmd, work, &mut effects) {
                 Ok(Outcome::Executed) => out.executed += 1,
                 Ok(Outcome::Skipped(name)) => out.skipped.push(name),
                 Err(e) => {
@@ -164,6 +173,9 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
                     break;
                 }
             }
+        }
+        if sets.close(&view) {
+            out.log.reach_workloads += 1;
         }
         written.append(&mut ctx.written);
     }
@@ -193,19 +205,61 @@ fn dw(cmd: &ShadowCommand, i: usize) -> u32 {
     cmd.dwords.get(i).copied().unwrap_or(0)
 }
 
+/// One command as the engine runs it: its name, its footprint (work commands) and the clock.
+#[derive(Clone, Copy)]
+struct Work<'a> {
+    name: &'static str,
+    footprint: Option<&'a Footprint>,
+    clock: u64,
+}
+
 fn run_command(
     ctx: &mut Ctx<'_>,
     pipe: &mut PipeState,
     cmd: &ShadowCommand,
-    name: &'static str,
-    clock: u64,
+    work: Work<'_>,
     effects: &mut Vec<SideEffect>,
 ) -> Result<Outcome, GttError> {
-    match dw(cmd, 0) >> 29 {
-        0 => run_mi(ctx, cmd, name, clock, effects),
-        2 => run_2d(ctx, cmd, name),
-        _ => run_3d(ctx, pipe, cmd, name, clock),
+    if let Some(fp) = work.footprint {
+        return run_work(ctx, pipe, cmd, fp);
     }
+    match dw(cmd, 0) >> 29 {
+        0 => run_mi(ctx, cmd, work.name, work.clock, effects),
+        2 => run_2d(ctx, cmd, work.name),
+        _ => run_3d(ctx, pipe, cmd, work.name, work.clock),
+    }
+}
+
+/// Runs a draw, a dispatch or a decode: every surface its footprint marks as written gets a
+/// fill derived from the command (depth from the clear value).
+fn run_work(
+    ctx: &mut Ctx<'_>,
+    pipe: &PipeState,
+    cmd: &ShadowCommand,
+    fp: &Footprint,
+) -> Result<Outcome, GttError> {
+    let seed = cmd
+        .dwords
+        .iter()
+        .fold(0x811c_9dc5u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
+    for s in fp.writes() {
+        let value = match s.role {
+            SurfaceRole::Depth => pipe.depth_clear ^ (seed & 0xff),
+            SurfaceRole::Bound { index, .. } => seed.rotate_left(u32::from(index)),
+            _ => seed ^ 0x5a5a_5a5a,
+        };
+        let sh = s.shape;
+        fill_linear(
+            ctx,
+            s.space,
+            s.start,
+            sh.pitch,
+            sh.row_bytes,
+            sh.rows,
+            value.to_le_bytes(),
+        )?;
+    }
+    Ok(Outcome::Executed)
 }
 
 fn run_mi(
@@ -487,7 +541,6 @@ fn run_3d(
     name: &'static str,
     clock: u64,
 ) -> Result<Outcome, GttError> {
-    let space = cmd.space;
     match name {
         "PIPE_CONTROL" => {
             // PIPE_CONTROL: DW1 post-sync op 15:14, bit 24 GGTT; DW2-3 address; DW4-5 data.
@@ -508,112 +561,9 @@ fn run_3d(
             ctx.write(sp, addr, &value.to_le_bytes())?;
             Ok(Outcome::Executed)
         }
-        "STATE_BASE_ADDRESS" => {
-            // STATE_BASE_ADDRESS: DW4-5 surface state base (bit 0 = modify).
-            if dw(cmd, 4) & 1 != 0 {
-                pipe.surface_base = Some(addr48(dw(cmd, 4), dw(cmd, 5), 0xfff));
-            }
-            Ok(Outcome::Executed)
-        }
-        "3DSTATE_BINDING_TABLE_POINTERS_PS" => {
-            // 3DSTATE_BINDING_TABLE_POINTERS_PS.
-            pipe.binding_table = Some(dw(cmd, 1) & 0xffe0);
-            Ok(Outcome::Executed)
-        }
-        "3DSTATE_DEPTH_BUFFER" => {
-            // 3DSTATE_DEPTH_BUFFER: DW1 pitch-1 17:0; DW2-3 address; DW4 height-1 31:18, width-1 17:4.
-            let pitch = u64::from(dw(cmd, 1) & 0x3ffff) + 1;
-            let addr = addr48(dw(cmd, 2), dw(cmd, 3), 0);
-            let h = ((dw(cmd, 4) >> 18) & 0x3fff) + 1;
-            let w = ((dw(cmd, 4) >> 4) & 0x3fff) + 1;
-            pipe.depth = (addr != 0).then_some((addr, pitch, w, h));
-            Ok(Outcome::Executed)
-        }
         "3DSTATE_CLEAR_PARAMS" => {
-            // 3DSTATE_CLEAR_PARAMS: DW1 depth clear value.
+            // 3DSTATE_CLEAR_PARAMS: DW1 depth clear value (the depth fill of later draws).
             pipe.depth_clear = dw(cmd, 1);
-            Ok(Outcome::Executed)
-        }
-        "3DPRIMITIVE" | "GPGPU_WALKER" => {
-            // 3DPRIMITIVE / GPGPU_WALKER: the bound surface (binding table entry 0) is rewritten
-            // with a colour derived from the command; a draw also rewrites the depth buffer.
-            let seed = cmd
-                .dwords
-                .iter()
-                .fold(0x811c_9dc5u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
-            if let (Some(base), Some(bt)) = (pipe.surface_base, pipe.binding_table) {
-                let entry = ctx.view.read_u32(space, base + u64::from(bt))?;
-                let ss = base + u64::from(entry & !0x3f);
-                let mut s = [0u8; 64];
-                ctx.view.read(space, ss, &mut s)?;
-                let rd = |i: usize| {
-                    u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]])
-                };
-                let width = u64::from(rd(2) & 0x3fff) + 1;
-                let height = u64::from((rd(2) >> 16) & 0x3fff) + 1;
-                let pitch = u64::from(rd(3) & 0x3ffff) + 1;
-                let addr = addr48(rd(8), rd(9), 0);
-                fill_linear(
-                    ctx,
-                    space,
-                    addr,
-                    pitch,
-                    width * 4,
-                    height,
-                    seed.to_le_bytes(),
-                )?;
-            }
-            if name == "3DPRIMITIVE" {
-                if let Some((addr, pitch, w, h)) = pipe.depth {
-                    let v = pipe.depth_clear ^ (seed & 0xff);
-                    fill_linear(
-                        ctx,
-                        space,
-                        addr,
-                        pitch,
-                        u64::from(w) * 4,
-                        u64::from(h),
-                        v.to_le_bytes(),
-                    )?;
-                }
-            }
-            Ok(Outcome::Executed)
-        }
-        "MFX_SURFACE_STATE" => {
-            // MFX_SURFACE_STATE (video): DW2 height-1 31:18, width-1 17:4; DW3 pitch-1 19:3.
-            let h = ((dw(cmd, 2) >> 18) & 0x3fff) + 1;
-            let w = ((dw(cmd, 2) >> 4) & 0x3fff) + 1;
-            let pitch = u64::from((dw(cmd, 3) >> 3) & 0x1ffff) + 1;
-            let addr = pipe.media_out.map(|m| m.0).unwrap_or(0);
-            pipe.media_out = Some((addr, pitch, w, h));
-            Ok(Outcome::Executed)
-        }
-        "MFX_PIPE_BUF_ADDR_STATE" => {
-            // MFX_PIPE_BUF_ADDR_STATE: DW1-2 pre-deblocking destination.
-            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 0x3f);
-            let m = pipe.media_out.unwrap_or((0, 0, 0, 0));
-            pipe.media_out = Some((addr, m.1, m.2, m.3));
-            Ok(Outcome::Executed)
-        }
-        "MFD_AVC_BSD_OBJECT" => {
-            // MFD_AVC_BSD_OBJECT: decode one picture into the NV12 destination:
-            // luma (height rows) then interleaved chroma (height / 2 rows).
-            if let Some((addr, pitch, w, h)) = pipe.media_out.filter(|m| m.0 != 0) {
-                let seed = cmd
-                    .dwords
-                    .iter()
-                    .fold(0x9e37_79b9u32, |h, d| (h ^ d).wrapping_mul(0x0100_0193));
-                let rows = u64::from(h) + u64::from(h) / 2;
-                fill_linear(
-                    ctx,
-                    space,
-                    addr,
-                    pitch,
-                    u64::from(w),
-                    rows,
-                    seed.to_le_bytes(),
-                )?;
-            }
             Ok(Outcome::Executed)
         }
         _ => Ok(Outcome::Skipped(name)),

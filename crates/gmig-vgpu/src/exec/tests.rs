@@ -197,39 +197,64 @@ fn post_sync_writes_and_interrupts() {
     assert!(log.actual.is_subset(&log.candidate));
 }
 
-#[test]
-fn a_draw_rewrites_render_target_and_depth() {
-    let (mut v, base) = setup(32);
+/// A heap page (binding table at 0 → surface state at 64 → a 32x16 render target, pitch 128; a
+/// pixel shader at 1024 writing render target 0), the draw's state commands and the draw.
+fn draw_setup(v: &Vgpu, base: u64, full_state: bool) -> (u64, u64, Vec<Vec<u32>>) {
+    use gmig_cmdparser::isa::encode;
+    use gmig_cmdparser::Gen;
     let heap = base;
     let rt = base + PAGE_SIZE;
     let depth = base + 9 * PAGE_SIZE;
-    // Binding table entry 0 -> SURFACE_STATE at 64: 32x16, pitch 128.
     let mut ss = [0u32; 16];
+    ss[0] = 1 << 29;
     ss[2] = (15 << 16) | 31;
     ss[3] = 127;
     ss[8] = rt as u32;
     let mut bytes = 64u32.to_le_bytes().to_vec();
     bytes.resize(64, 0);
     bytes.extend(ss.iter().flat_map(|d| d.to_le_bytes()));
+    bytes.resize(1024, 0);
+    let ps = encode::kernel(&[encode::mov(), encode::render_target_write(0, true)]);
+    bytes.extend(ps.iter().flat_map(|d| d.to_le_bytes()));
     v.guest_memory()
         .write_slice(&bytes, gpa_of(base, heap))
         .unwrap();
     let mut db = vec![0u32; 8];
     db[0] = 0x7805_0006;
-    db[1] = 127;
+    db[1] = (1 << 29) | (1 << 28) | 127;
     db[2] = depth as u32;
     db[4] = (15 << 18) | (31 << 4);
-    run(
-        &mut v,
-        EngineId::Render,
-        vec![
-            build::state_base_address(heap, heap),
-            vec![0x782a_0000, 0],
-            db,
-            vec![0x7804_0001, 0x3f80_0000, 1],
-            build::primitive_3d(3),
-        ],
-    );
+    let off = |name: &str, len: u32| build::state_off(Gen::Gen9, name, len).unwrap();
+    let mut cmds = vec![build::state_base_address_3d(heap, heap, heap)];
+    if full_state {
+        let mut ps = off("3DSTATE_PS", 12);
+        ps[1] = 1024;
+        ps[6] = 1;
+        cmds.extend([
+            off("3DSTATE_VS", 9),
+            off("3DSTATE_HS", 9),
+            off("3DSTATE_DS", 11),
+            off("3DSTATE_GS", 10),
+            off("3DSTATE_STREAMOUT", 5),
+            off("3DSTATE_STENCIL_BUFFER", 5),
+            off("3DSTATE_HIER_DEPTH_BUFFER", 5),
+            ps,
+        ]);
+    }
+    cmds.extend([
+        vec![0x782a_0000, 0],
+        db,
+        vec![0x7804_0001, 0x3f80_0000, 1],
+        build::primitive_3d(3),
+    ]);
+    (rt, depth, cmds)
+}
+
+#[test]
+fn a_draw_writes_what_its_state_names_and_the_write_set_covers_it() {
+    let (mut v, base) = setup(32);
+    let (rt, depth, cmds) = draw_setup(&v, base, true);
+    run(&mut v, EngineId::Render, cmds);
     assert!(v.faults().is_empty(), "{:?}", v.faults());
     let mut px = [0u8; 4];
     v.guest_memory()
@@ -241,7 +266,31 @@ fn a_draw_rewrites_render_target_and_depth() {
         .unwrap();
     assert_ne!(px, [0; 4], "last depth value written");
     let log = v.take_write_log();
-    assert!(log.unknown, "a draw's write set is unknown to the parser");
+    assert!(!log.unknown);
+    assert_eq!(log.reach_workloads, 0, "the state bounds the draw");
+    assert!(log.actual.is_subset(&log.candidate));
+    // The render target's and depth buffer's pages (and nothing like the whole GGTT).
+    assert!(log.candidate.len() < 16, "{:?}", log.candidate);
+}
+
+#[test]
+fn a_draw_on_inherited_state_is_bounded_by_the_gtt_reach() {
+    let (mut v, base) = setup(32);
+    let (_, depth, cmds) = draw_setup(&v, base, false);
+    run(&mut v, EngineId::Render, cmds);
+    let log = v.take_write_log();
+    assert!(!log.unknown, "bounded, not unknown");
+    assert_eq!(log.reach_workloads, 1);
+    // The reach of a GGTT context: every frame the GGTT maps.
+    let mapped: std::collections::BTreeSet<_> = v.gtt_backed_pages().into_iter().collect();
+    assert!(mapped.is_subset(&log.candidate));
+    assert!(log.actual.is_subset(&log.candidate));
+    // Without a pixel shader in the state the model writes only the depth buffer.
+    let mut px = [0u8; 4];
+    v.guest_memory()
+        .read_slice(&mut px, gpa_of(base, depth))
+        .unwrap();
+    assert_ne!(px, [0; 4]);
 }
 
 proptest::proptest! {
@@ -254,5 +303,126 @@ proptest::proptest! {
         let (mut v, _) = setup(8);
         run(&mut v, EngineId::ALL[engine], cmds);
         proptest::prop_assert_eq!(v.stats().workloads + v.stats().refused, 1);
+    }
+}
+
+/// One random instruction of a pixel or compute kernel.
+fn random_instruction(kind: u8, bti: u8, raw: u32) -> [u32; 4] {
+    use gmig_cmdparser::isa::{encode, sfid};
+    match kind % 8 {
+        0 => encode::mov(),
+        1 => encode::sample(bti),
+        2 => encode::render_target_write(bti, false),
+        3 => encode::untyped_write(bti, false),
+        4 => encode::send(u32::from(bti) % 16, raw, false),
+        5 => encode::send(sfid::DATA_CACHE, raw, false),
+        6 => [0x22, 0, 0, 0], // IF: control flow
+        _ => [
+            raw,
+            raw.rotate_left(7),
+            raw.rotate_left(13),
+            raw.rotate_left(21),
+        ],
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+    /// Random 3D and GPGPU state — binding tables, surface states (any type, size, pitch,
+    /// tiling, base, some beyond what the GGTT maps), kernels of random SENDs, stages on or off —
+    /// executed by the reference engine: every page it writes is in the candidate set, and a
+    /// set that needs no reach stays inside the pages the GTT maps.
+    #[test]
+    fn random_pipeline_state_never_writes_outside_the_candidates(
+        surfaces in proptest::collection::vec((0u32..8, 0u32..64, 0u32..64, 0u32..600, 0u64..80, 0u32..4, proptest::prelude::any::<u32>()), 1..6),
+        table in proptest::collection::vec(0u32..8, 1..6),
+        kernel in proptest::collection::vec((proptest::prelude::any::<u8>(), 0u8..8, proptest::prelude::any::<u32>()), 0..6),
+        end in proptest::prelude::any::<bool>(),
+        dispatch in proptest::prelude::any::<bool>(),
+        full_state in proptest::prelude::any::<bool>(),
+        depth_pages in 0u64..80,
+    ) {
+        use gmig_cmdparser::isa::encode;
+        use gmig_cmdparser::Gen;
+        let (mut v, base) = setup(64);
+        let heap = base;
+        // Binding table at 0 (and the compute one at 512), surface states from 64, the kernel
+        // at 2048, one interface descriptor at 3072.
+        let mut bytes = vec![0u8; 4096];
+        for (i, slot) in table.iter().enumerate() {
+            let e = 64 + 64 * slot;
+            bytes[4 * i..4 * i + 4].copy_from_slice(&e.to_le_bytes());
+            bytes[512 + 4 * i..512 + 4 * i + 4].copy_from_slice(&e.to_le_bytes());
+        }
+        for (i, (ty, w, h, pitch, page, tile, noise)) in surfaces.iter().enumerate() {
+            let mut ss = [0u32; 16];
+            ss[0] = (ty << 29) | (tile << 12) | (noise & 0x0fff_0000 & !(7 << 29));
+            ss[2] = (h << 16) | w;
+            ss[3] = pitch | (noise & 0x7 << 21);
+            ss[5] = noise & 0xf;
+            let at = base + page * PAGE_SIZE + u64::from(noise & 0xfc0);
+            ss[8] = at as u32;
+            let o = 64 + 64 * i;
+            for (k, d) in ss.iter().enumerate() {
+                bytes[o + 4 * k..o + 4 * k + 4].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        let mut insts: Vec<[u32; 4]> = kernel
+            .iter()
+            .map(|(k, b, r)| random_instruction(*k, *b, *r))
+            .collect();
+        if end {
+            insts.push(encode::render_target_write(0, true));
+        }
+        for (i, d) in encode::kernel(&insts).iter().enumerate() {
+            bytes[2048 + 4 * i..2048 + 4 * i + 4].copy_from_slice(&d.to_le_bytes());
+        }
+        let mut id = [0u32; 8];
+        id[0] = 2048;
+        id[4] = 512;
+        for (k, d) in id.iter().enumerate() {
+            bytes[3072 + 4 * k..3072 + 4 * k + 4].copy_from_slice(&d.to_le_bytes());
+        }
+        v.guest_memory().write_slice(&bytes, gpa_of(base, heap)).unwrap();
+        let off = |name: &str, len: u32| build::state_off(Gen::Gen9, name, len).unwrap();
+        let mut cmds = vec![build::state_base_address_3d(heap, heap, heap)];
+        if dispatch {
+            let mut idl = off("MEDIA_INTERFACE_DESCRIPTOR_LOAD", 4);
+            idl[2] = 32;
+            idl[3] = 3072;
+            let mut walker = off("GPGPU_WALKER", 15);
+            walker[7] = 1;
+            cmds.extend([off("MEDIA_VFE_STATE", 9), idl, walker]);
+        } else {
+            if full_state {
+                let mut ps = off("3DSTATE_PS", 12);
+                ps[1] = 2048;
+                ps[6] = 1;
+                cmds.extend([
+                    off("3DSTATE_VS", 9),
+                    off("3DSTATE_HS", 9),
+                    off("3DSTATE_DS", 11),
+                    off("3DSTATE_GS", 10),
+                    off("3DSTATE_STREAMOUT", 5),
+                    off("3DSTATE_STENCIL_BUFFER", 5),
+                    off("3DSTATE_HIER_DEPTH_BUFFER", 5),
+                    ps,
+                ]);
+            }
+            let mut db = off("3DSTATE_DEPTH_BUFFER", 8);
+            db[1] = (1 << 29) | (1 << 28) | 255;
+            db[2] = (base + depth_pages * PAGE_SIZE) as u32;
+            db[4] = (7 << 18) | (63 << 4);
+            cmds.extend([vec![0x782a_0000, 0], db, build::primitive_3d(3)]);
+        }
+        run(&mut v, EngineId::Render, cmds);
+        let log = v.take_write_log();
+        proptest::prop_assert!(!log.unknown);
+        let missed: Vec<_> = log.actual.difference(&log.candidate).collect();
+        proptest::prop_assert!(missed.is_empty(), "written outside the candidates: {:?}", missed);
+        if log.reach_workloads == 0 {
+            let mapped: std::collections::BTreeSet<_> = v.gtt_backed_pages().into_iter().collect();
+            proptest::prop_assert!(log.candidate.is_subset(&mapped));
+        }
     }
 }

@@ -200,17 +200,14 @@ impl GuestDriver {
         // Render: state, a draw covering the render target and depth, chained to a second
         // first-level batch with a query write.
         let rci = self.ctx_index(EngineId::Render);
-        let heap = self.objs["surface_heap"];
         let depth = self.objs["depth"];
         let query = self.objs["query"];
         let mut tail = build::pipe_control(Some((AddressSpace::Ppgtt, query.gpu, self.frame)));
         tail.extend(build::mi_batch_buffer_end());
         let chained = self.write_batch(vgpu, rci, &tail)?;
-        let mut r = build::state_base_address(heap.gpu, heap.gpu);
-        r.extend([
-            self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?,
-            0,
-        ]);
+        // The whole pipeline, iris-style; the pixel shader samples this frame's texture.
+        let mut r = self.base_addresses()?;
+        r.extend(self.shader_stages(64 * (self.frame % 4))?);
         let mut db = vec![0u32; 8];
         db[0] = self.header(EngineId::Render, "3DSTATE_DEPTH_BUFFER", 8)?;
         db[1] = (1 << 29) | (1 << 28) | (1 << 18) | (w * 4 - 1);
@@ -248,6 +245,10 @@ impl GuestDriver {
         self.cpu_write(vgpu, bitstream.gpa, &data)?;
         let e = EngineId::Video;
         let mut b = Vec::new();
+        let mut mode = vec![0u32; 5];
+        mode[0] = self.header(e, "MFX_PIPE_MODE_SELECT", 5)?;
+        mode[1] = (1 << 16) | (1 << 9) | 1; // AVC (standard select 1), VLD decode
+        b.extend(mode);
         let mut surf = vec![0u32; 6];
         surf[0] = self.header(e, "MFX_SURFACE_STATE", 6)?;
         surf[2] = ((h - 1) << 18) | ((w - 1) << 4);
@@ -257,7 +258,25 @@ impl GuestDriver {
         pba[0] = self.header(e, "MFX_PIPE_BUF_ADDR_STATE", 65)?;
         pba[1] = out.gpu as u32;
         pba[2] = (out.gpu >> 32) as u32;
+        for (dw, name) in [(13, "intra_rows"), (16, "deblock_rows")] {
+            let o = self.objs[name];
+            pba[dw] = o.gpu as u32;
+            pba[dw + 1] = (o.gpu >> 32) as u32;
+        }
         b.extend(pba);
+        let mut ind = vec![0u32; 26];
+        ind[0] = self.header(e, "MFX_IND_OBJ_BASE_ADDR_STATE", 26)?;
+        ind[1] = bitstream.gpu as u32;
+        ind[2] = (bitstream.gpu >> 32) as u32;
+        b.extend(ind);
+        let mut bsp = vec![0u32; 10];
+        bsp[0] = self.header(e, "MFX_BSP_BUF_BASE_ADDR_STATE", 10)?;
+        for (dw, name) in [(1, "bsd_rows"), (4, "mpr_rows")] {
+            let o = self.objs[name];
+            bsp[dw] = o.gpu as u32;
+            bsp[dw + 1] = (o.gpu >> 32) as u32;
+        }
+        b.extend(bsp);
         let mut bsd = vec![0u32; 7];
         bsd[0] = self.header(e, "MFD_AVC_BSD_OBJECT", 7)?;
         bsd[1] = len as u32;
@@ -279,17 +298,15 @@ impl GuestDriver {
 
     pub(super) fn frame_compute(&mut self, vgpu: &mut Vgpu) -> Result<()> {
         let ci = self.ctx_index(EngineId::Render);
-        let heap = self.objs["surface_heap"];
         let results = self.objs["results"];
-        let mut b = build::state_base_address(heap.gpu, heap.gpu);
-        b.extend([
-            self.header(EngineId::Render, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2)?,
-            0,
-        ]);
+        let mut b = self.base_addresses()?;
+        b.extend(self.compute_state()?);
         b.extend(build::mi_load_register_imm(&[(0x2600, self.frame as u32)]));
         let groups: u32 = self.rng.random_range(1..64);
         let mut walker = vec![0u32; 15];
         walker[0] = self.header(EngineId::Render, "GPGPU_WALKER", 15)?;
+        // This frame's output slice: interface descriptor (and binding table) frame mod 8.
+        walker[1] = (self.frame % super::pipeline::COMPUTE_SLICES) as u32;
         walker[7] = groups;
         b.extend(walker);
         let word: u32 = self.rng.random();

@@ -505,13 +505,27 @@ impl GuestDriver {
             Profile::ThreeD => {
                 let rt = self.new_obj(vgpu, "rt", true, w * h * 4)?;
                 self.new_obj(vgpu, "depth", true, w * h * 4)?;
+                let mut textures = Vec::new();
                 for t in 0..4 {
-                    self.new_obj(vgpu, &format!("texture{t}"), true, 128 * 128 * 4)?;
+                    textures.push(self.new_obj(
+                        vgpu,
+                        &format!("texture{t}"),
+                        true,
+                        128 * 128 * 4,
+                    )?);
                 }
                 self.new_obj(vgpu, "staging", true, 128 * 128 * 4)?;
                 self.new_obj(vgpu, "query", true, PAGE_SIZE)?;
-                let heap = self.new_obj(vgpu, "surface_heap", true, PAGE_SIZE)?;
-                self.write_surface_state(vgpu, heap, rt, w as u32, h as u32, w as u32 * 4)?;
+                self.setup_heaps(vgpu)?;
+                // Surface 0: the render target; 1..=4: the textures. Binding table k (at 64 k in
+                // the binder) pairs the render target with texture k.
+                let ss = pipeline::surface_2d(rt.gpu, w as u32, h as u32, w as u32 * 4);
+                self.write_surface(vgpu, 0, &ss)?;
+                for (k, t) in textures.iter().enumerate() {
+                    let k = k as u64;
+                    self.write_surface(vgpu, 1 + k, &pipeline::surface_2d(t.gpu, 128, 128, 512))?;
+                    self.write_binding_table(vgpu, 64 * k, &[0, 1 + k])?;
+                }
             }
             Profile::Video => {
                 for f in 0..3 {
@@ -519,37 +533,30 @@ impl GuestDriver {
                 }
                 self.new_obj(vgpu, "bitstream", true, 64 * 1024)?;
                 self.new_obj(vgpu, "status", true, PAGE_SIZE)?;
+                // Intra, deblocking, BSD/MPC and MPR row stores: 4 cache lines per macroblock
+                // column, as the media driver sizes its largest.
+                let row_store = w.div_ceil(16) * 4 * 64;
+                for r in ["intra_rows", "deblock_rows", "bsd_rows", "mpr_rows"] {
+                    self.new_obj(vgpu, r, true, row_store)?;
+                }
             }
             Profile::Compute => {
                 let bytes = page_align(self.cfg.compute_bytes);
                 let buf = self.new_obj(vgpu, "compute", true, bytes)?;
                 self.new_obj(vgpu, "results", true, PAGE_SIZE)?;
-                let heap = self.new_obj(vgpu, "surface_heap", true, PAGE_SIZE)?;
-                // The buffer as a 2D surface of 4096-byte rows.
-                self.write_surface_state(vgpu, heap, buf, 1024, (bytes / 4096) as u32, 4096)?;
+                self.setup_heaps(vgpu)?;
+                // The buffer in slices: surface 8 + k is slice k, bound by compute binding
+                // table k, which interface descriptor k names.
+                let slice = page_align(bytes / pipeline::COMPUTE_SLICES);
+                for k in 0..pipeline::COMPUTE_SLICES {
+                    let at = buf.gpu + (k * slice).min(bytes - slice);
+                    let ss = pipeline::surface_buffer(at, slice);
+                    self.write_surface(vgpu, 8 + k, &ss)?;
+                    self.write_binding_table(vgpu, Self::compute_table(k), &[8 + k])?;
+                }
             }
         }
         Ok(())
-    }
-
-    /// Binding table at offset 0 of the heap (entry 0 = 64), RENDER_SURFACE_STATE at 64.
-    fn write_surface_state(
-        &mut self,
-        vgpu: &Vgpu,
-        heap: Obj,
-        target: Obj,
-        w: u32,
-        h: u32,
-        pitch: u32,
-    ) -> Result<()> {
-        self.cpu_write_dwords(vgpu, heap.gpa, &[64])?;
-        let mut ss = [0u32; 16];
-        ss[0] = (1 << 29) | (0x0c0 << 18); // SURFTYPE_2D, B8G8R8A8_UNORM
-        ss[2] = ((h - 1) << 16) | (w - 1);
-        ss[3] = pitch - 1;
-        ss[8] = target.gpu as u32;
-        ss[9] = (target.gpu >> 32) as u32;
-        self.cpu_write_dwords(vgpu, heap.gpa + 64, &ss)
     }
 
     fn header(&self, engine: EngineId, name: &'static str, len: u32) -> Result<u32> {
@@ -704,3 +711,4 @@ impl GuestDriver {
 }
 
 mod frames;
+mod pipeline;
