@@ -124,6 +124,7 @@ fn tiny_workload() -> WorkloadConfig {
         height: 72,
         windows: 1,
         compute_bytes: 4096,
+        resident_bytes: 0,
     }
 }
 

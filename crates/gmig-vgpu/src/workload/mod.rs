@@ -113,6 +113,11 @@ pub struct WorkloadConfig {
     pub windows: u32,
     /// Compute buffer size in bytes.
     pub compute_bytes: u64,
+    /// Resident graphics memory: objects the guest maps in its GTTs at boot and fills with
+    /// non-zero content (textures, vertex buffers, a shader cache, other clients' buffers) that
+    /// frames read but do not rewrite. 0 leaves only what the frames use.
+    #[serde(default)]
+    pub resident_bytes: u64,
 }
 
 impl Default for WorkloadConfig {
@@ -122,6 +127,7 @@ impl Default for WorkloadConfig {
             height: 768,
             windows: 6,
             compute_bytes: 8 << 20,
+            resident_bytes: 0,
         }
     }
 }
@@ -134,6 +140,7 @@ impl WorkloadConfig {
             height: 192,
             windows: 4,
             compute_bytes: 1 << 20,
+            resident_bytes: 0,
         }
     }
 }
@@ -554,6 +561,31 @@ impl GuestDriver {
                     self.write_surface(vgpu, 8 + k, &ss)?;
                     self.write_binding_table(vgpu, Self::compute_table(k), &[8 + k])?;
                 }
+            }
+        }
+        if self.cfg.resident_bytes > 0 {
+            // Resident objects in 1 MiB pieces (GGTT hidden slice or PPGTT, as the profile
+            // allocates), each page a distinct non-zero pattern.
+            // At most half of the guest RAM still free (the bench asks for a share of the vGPU
+            // type; a smaller guest gets what fits).
+            let free = self.ram_end.saturating_sub(self.ram_next) / 2;
+            let mut left = page_align(self.cfg.resident_bytes).min(free / PAGE_SIZE * PAGE_SIZE);
+            let mut i = 0;
+            while left > 0 {
+                let n = left.min(1 << 20);
+                let o = self.new_obj(vgpu, &format!("resident{i}"), true, n)?;
+                let mut data = vec![0u8; n as usize];
+                for (p, page) in data.chunks_exact_mut(PAGE_SIZE as usize).enumerate() {
+                    let seed = (o.gpa / PAGE_SIZE + p as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    for (k, w) in page.chunks_exact_mut(8).enumerate() {
+                        w.copy_from_slice(
+                            &(seed ^ (k as u64).wrapping_mul(0xff51_afd7)).to_le_bytes(),
+                        );
+                    }
+                }
+                self.cpu_write(vgpu, o.gpa, &data)?;
+                left -= n;
+                i += 1;
             }
         }
         Ok(())
