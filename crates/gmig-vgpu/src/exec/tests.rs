@@ -197,11 +197,29 @@ fn post_sync_writes_and_interrupts() {
     assert!(log.actual.is_subset(&log.candidate));
 }
 
+/// Every shader stage off but a SIMD8 pixel shader at `ksp`; stream output, stencil and HiZ off.
+fn stages_with_pixel_shader(ksp: u32) -> Vec<Vec<u32>> {
+    let off =
+        |name: &str, len: u32| build::state_off(gmig_cmdparser::Gen::Gen9, name, len).unwrap();
+    let mut ps = off("3DSTATE_PS", 12);
+    ps[1] = ksp;
+    ps[6] = 1;
+    vec![
+        off("3DSTATE_VS", 9),
+        off("3DSTATE_HS", 9),
+        off("3DSTATE_DS", 11),
+        off("3DSTATE_GS", 10),
+        off("3DSTATE_STREAMOUT", 5),
+        off("3DSTATE_STENCIL_BUFFER", 5),
+        off("3DSTATE_HIER_DEPTH_BUFFER", 5),
+        ps,
+    ]
+}
+
 /// A heap page (binding table at 0 → surface state at 64 → a 32x16 render target, pitch 128; a
 /// pixel shader at 1024 writing render target 0), the draw's state commands and the draw.
 fn draw_setup(v: &Vgpu, base: u64, full_state: bool) -> (u64, u64, Vec<Vec<u32>>) {
     use gmig_cmdparser::isa::encode;
-    use gmig_cmdparser::Gen;
     let heap = base;
     let rt = base + PAGE_SIZE;
     let depth = base + 9 * PAGE_SIZE;
@@ -224,22 +242,9 @@ fn draw_setup(v: &Vgpu, base: u64, full_state: bool) -> (u64, u64, Vec<Vec<u32>>
     db[1] = (1 << 29) | (1 << 28) | 127;
     db[2] = depth as u32;
     db[4] = (15 << 18) | (31 << 4);
-    let off = |name: &str, len: u32| build::state_off(Gen::Gen9, name, len).unwrap();
     let mut cmds = vec![build::state_base_address_3d(heap, heap, heap)];
     if full_state {
-        let mut ps = off("3DSTATE_PS", 12);
-        ps[1] = 1024;
-        ps[6] = 1;
-        cmds.extend([
-            off("3DSTATE_VS", 9),
-            off("3DSTATE_HS", 9),
-            off("3DSTATE_DS", 11),
-            off("3DSTATE_GS", 10),
-            off("3DSTATE_STREAMOUT", 5),
-            off("3DSTATE_STENCIL_BUFFER", 5),
-            off("3DSTATE_HIER_DEPTH_BUFFER", 5),
-            ps,
-        ]);
+        cmds.extend(stages_with_pixel_shader(1024));
     }
     cmds.extend([
         vec![0x782a_0000, 0],
@@ -395,19 +400,7 @@ proptest::proptest! {
             cmds.extend([off("MEDIA_VFE_STATE", 9), idl, walker]);
         } else {
             if full_state {
-                let mut ps = off("3DSTATE_PS", 12);
-                ps[1] = 2048;
-                ps[6] = 1;
-                cmds.extend([
-                    off("3DSTATE_VS", 9),
-                    off("3DSTATE_HS", 9),
-                    off("3DSTATE_DS", 11),
-                    off("3DSTATE_GS", 10),
-                    off("3DSTATE_STREAMOUT", 5),
-                    off("3DSTATE_STENCIL_BUFFER", 5),
-                    off("3DSTATE_HIER_DEPTH_BUFFER", 5),
-                    ps,
-                ]);
+                cmds.extend(stages_with_pixel_shader(2048));
             }
             let mut db = off("3DSTATE_DEPTH_BUFFER", 8);
             db[1] = (1 << 29) | (1 << 28) | 255;
