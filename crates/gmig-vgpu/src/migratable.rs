@@ -309,17 +309,12 @@ impl MigratableVm for VgpuVm {
             let view = self.vgpu.host_view(w.pml4);
             let mut log = WriteLog::default();
             let before = out.pages.len();
-            let mut sets = crate::shadow::WriteSets {
-                state: crate::shadow::workload_state(gen, &view),
-                candidate: &mut out.pages,
-                reach: gmig_cmdparser::Reach::default(),
-            };
+            let mut sets = crate::shadow::WriteSets::new(gen, &view, &mut out.pages);
             for cmd in &w.commands {
                 crate::shadow::log_write_set(gen, w.engine, cmd, &view, &mut log, &mut sets);
             }
             // Writes bounded only by the context's reach are estimated like unknown ones.
-            let within_reach = sets.reach != gmig_cmdparser::Reach::default();
-            if log.unknown || within_reach {
+            if log.unknown || sets.has_reach() {
                 if seen == 0 {
                     return None;
                 }

@@ -194,16 +194,6 @@ pub(crate) fn audit_command(
     audit(&d, &cmd.ctx, slices).map_err(|e| e.to_string())
 }
 
-/// Indirect state for one workload run through `view` (its PPGTT when the context has one).
-pub(crate) fn workload_state(gen: gmig_cmdparser::Gen, view: &GpuView<'_>) -> IndirectState {
-    let space = if view.pml4.is_some() {
-        AddressSpace::Ppgtt
-    } else {
-        AddressSpace::Ggtt
-    };
-    IndirectState::new(gen, space)
-}
-
 /// What one workload's commands may write, collected command by command.
 pub(crate) struct WriteSets<'a> {
     /// The workload's indirect state.
@@ -214,10 +204,34 @@ pub(crate) struct WriteSets<'a> {
     pub reach: Reach,
 }
 
-impl WriteSets<'_> {
+impl<'a> WriteSets<'a> {
+    /// Fresh sets for one workload run through `view` (its indirect state in the PPGTT when the
+    /// context has one), collecting frames into `candidate`.
+    pub(crate) fn new(
+        gen: gmig_cmdparser::Gen,
+        view: &GpuView<'_>,
+        candidate: &'a mut Vec<Gfn>,
+    ) -> WriteSets<'a> {
+        let space = if view.pml4.is_some() {
+            AddressSpace::Ppgtt
+        } else {
+            AddressSpace::Ggtt
+        };
+        WriteSets {
+            state: IndirectState::new(gen, space),
+            candidate,
+            reach: Reach::default(),
+        }
+    }
+
+    /// Whether some command's writes are bounded only by the reach.
+    pub(crate) fn has_reach(&self) -> bool {
+        self.reach != Reach::default()
+    }
+
     /// Adds the reach's frames (in `view`) to the candidates; whether there was a reach.
     pub(crate) fn close(self, view: &GpuView<'_>) -> bool {
-        if self.reach == Reach::default() {
+        if !self.has_reach() {
             return false;
         }
         let mut frames = std::collections::BTreeSet::new();

@@ -142,11 +142,7 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
             view,
             written: Vec::new(),
         };
-        let mut sets = crate::shadow::WriteSets {
-            state: crate::shadow::workload_state(gen, &view),
-            candidate: &mut candidate,
-            reach: gmig_cmdparser::Reach::default(),
-        };
+        let mut sets = crate::shadow::WriteSets::new(gen, &view, &mut candidate);
         for cmd in &w.commands {
             let (name, footprint) = crate::shadow::log_write_set(
                 gen,
