@@ -68,6 +68,38 @@ pub enum AuditError {
         /// Length of the range.
         len: u64,
     },
+    /// A surface state that a privileged buffer's work command uses names GGTT memory outside the
+    /// vGPU's slices (or lies outside them itself).
+    #[error(
+        "dword {offset}: the surface state at GGTT 0x{state:x} that this work command uses has \
+         its {field} 0x{start:x}+0x{len:x} outside the vGPU's slices"
+    )]
+    SurfaceStateOutOfSlice {
+        /// Dword offset of the (draw, dispatch) command.
+        offset: usize,
+        /// GGTT address of the surface state.
+        state: u64,
+        /// The field (or `location` for the state itself).
+        field: &'static str,
+        /// First byte of the range.
+        start: u64,
+        /// Length of the range.
+        len: u64,
+    },
+    /// A surface state that a privileged buffer's work command uses describes a surface whose
+    /// size the state does not give (a reserved surface type), so its GGTT range cannot be checked.
+    #[error(
+        "dword {offset}: {name} uses the surface state at GGTT 0x{state:x}, which does not size \
+         its surface"
+    )]
+    UnsizedSurface {
+        /// Dword offset of the command.
+        offset: usize,
+        /// The command.
+        name: &'static str,
+        /// GGTT address of the surface state.
+        state: u64,
+    },
     /// An unprivileged (PPGTT) batch selected a GGTT address.
     #[error("dword {offset}: {name} {field} selects the GGTT from an unprivileged batch")]
     GgttFromUnprivileged {
@@ -110,6 +142,8 @@ impl AuditError {
             | AuditError::Unmodelled { offset, .. }
             | AuditError::OutOfSlice { offset, .. }
             | AuditError::SurfaceTooLarge { offset, .. }
+            | AuditError::SurfaceStateOutOfSlice { offset, .. }
+            | AuditError::UnsizedSurface { offset, .. }
             | AuditError::GgttFromUnprivileged { offset, .. }
             | AuditError::Register { offset, .. }
             | AuditError::NestedBatchStart { offset }

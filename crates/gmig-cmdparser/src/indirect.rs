@@ -19,7 +19,15 @@
 //!
 //! State is tracked per submission: a draw whose pipeline state was set by an earlier submission
 //! (kept in the hardware context image, not in this submission's commands) is bounded by the reach,
-//! never guessed.
+//! never guessed. State lives in the space the buffer that sets it addresses implicitly: a
+//! privileged (GGTT) batch's heaps are GGTT addresses, an unprivileged one's PPGTT addresses; when
+//! execution moves between the two, the state recorded so far is dropped (what follows falls back
+//! to the reach until it is stated again).
+//!
+//! A privileged batch's surface states hold GGTT addresses the command audit cannot see: each
+//! footprint lists the surface states it read ([`Footprint::surface_states`]) and
+//! [`surface_state_addresses`] names the GGTT address fields inside one, so the walk audits them
+//! against the vGPU's slices and remaps them with the commands ([`crate::walk`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +177,22 @@ pub struct Footprint {
     /// Why the work may also write memory the state does not name (so the write set is bounded
     /// by the context's GTT reach); empty when the surfaces are the whole story.
     pub reach: Vec<String>,
+    /// Every RENDER_SURFACE_STATE read to resolve the surfaces (each once), whatever it held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub surface_states: Vec<SurfaceStateAt>,
+}
+
+/// Where a RENDER_SURFACE_STATE a work command uses lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SurfaceStateAt {
+    /// Stage whose binding table names it.
+    pub stage: Stage,
+    /// Binding-table index.
+    pub index: u8,
+    /// Space it was read through.
+    pub space: AddressSpace,
+    /// Address of its first dword.
+    pub addr: u64,
 }
 
 impl Footprint {
@@ -293,7 +317,9 @@ struct MfxSurface {
 #[derive(Clone, Debug)]
 pub struct IndirectState {
     gen: Gen,
-    /// The space the context's state and shaders address (its PPGTT, or the GGTT without one).
+    /// The context's own space (its PPGTT, or the GGTT without one): what bounds the reach.
+    context: AddressSpace,
+    /// The space the recorded state addresses: that of the buffer that set it.
     space: AddressSpace,
     general: Option<Base>,
     surface: Option<u64>,
@@ -323,7 +349,7 @@ pub struct IndirectState {
 /// How many binding-table entries a kernel can name (240 and up are special indices).
 const MAX_BINDING_TABLE_ENTRIES: u64 = 240;
 /// Bytes of RENDER_SURFACE_STATE read (16 dwords on GEN8–GEN11).
-const SURFACE_STATE_BYTES: usize = 64;
+pub const SURFACE_STATE_BYTES: usize = 64;
 /// Bytes per interface descriptor.
 const INTERFACE_DESCRIPTOR_BYTES: u64 = 32;
 
@@ -348,6 +374,7 @@ impl IndirectState {
     pub fn new(gen: Gen, space: AddressSpace) -> IndirectState {
         IndirectState {
             gen,
+            context: space,
             space,
             general: None,
             surface: None,
@@ -372,7 +399,7 @@ impl IndirectState {
         }
     }
 
-    /// The space the context's state addresses.
+    /// The space the recorded state addresses (that of the last buffer a command ran from).
     pub fn space(&self) -> AddressSpace {
         self.space
     }
@@ -386,7 +413,15 @@ impl IndirectState {
         ctx: &BatchContext,
         mem: &dyn GpuMemory,
     ) -> (WriteSet, Option<Footprint>) {
-        let reach = Reach::of(self.space, ctx);
+        let here = ctx.implicit_space();
+        if here != self.space {
+            // State set through the other space says nothing about this one's heaps.
+            *self = IndirectState {
+                context: self.context,
+                ..IndirectState::new(self.gen, here)
+            };
+        }
+        let reach = Reach::of(self.context, ctx);
         if self.observe(d) {
             return (WriteSet::Nothing, None);
         }
@@ -873,14 +908,19 @@ impl IndirectState {
             fp.widen("surface state pointer overflows");
             return;
         };
-        let mut raw = [0u8; SURFACE_STATE_BYTES];
-        if let Err(e) = mem.read(self.space, ss_addr, &mut raw) {
+        let mut ss = [0u32; SURFACE_STATE_BYTES / 4];
+        if let Err(e) = mem.read_dwords(self.space, ss_addr, &mut ss) {
             fp.widen(format!("{stage:?} surface state {index}: {e}"));
             return;
         }
-        let mut ss = [0u32; 16];
-        for (d, c) in ss.iter_mut().zip(raw.chunks_exact(4)) {
-            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let at = SurfaceStateAt {
+            stage,
+            index,
+            space: self.space,
+            addr: ss_addr,
+        };
+        if !fp.surface_states.iter().any(|s| s.addr == ss_addr) {
+            fp.surface_states.push(at);
         }
         match surface_extent(self.gen, &ss) {
             Extent::Null => {}
@@ -1115,4 +1155,60 @@ fn surface_extent(gen: Gen, ss: &[u32; 16]) -> Extent {
         shape,
         aux,
     }
+}
+
+/// An address field inside a RENDER_SURFACE_STATE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateAddress {
+    /// Field name.
+    pub field: &'static str,
+    /// Dword index of the field's low half in the surface state.
+    pub dword: usize,
+    /// Bits of the 64-bit value in dwords `dword` and `dword + 1` that hold the address.
+    pub mask: u64,
+    /// The address.
+    pub addr: u64,
+    /// Bytes the GPU may touch from it; `None` when the state does not size it.
+    pub len: Option<u64>,
+}
+
+/// The address fields a RENDER_SURFACE_STATE uses: the surface base, the auxiliary surface (when
+/// an aux mode is set) and, on GEN11, the clear-colour address (when enabled). A null surface uses
+/// none. In a privileged (GGTT) context these are GGTT addresses to audit and remap.
+#[must_use]
+pub fn surface_state_addresses(gen: Gen, ss: &[u32; 16]) -> Vec<StateAddress> {
+    const ADDR48: u64 = 0x0000_ffff_ffff_ffff;
+    let pair = |i: usize| u64::from(ss[i]) | (u64::from(ss[i + 1]) << 32);
+    let (len, aux) = match surface_extent(gen, ss) {
+        Extent::Null => return Vec::new(),
+        Extent::Unsized(_) => (None, None),
+        Extent::Bytes { len, aux, .. } => (Some(len), aux),
+    };
+    let mut v = vec![StateAddress {
+        field: "surface base",
+        dword: 8,
+        mask: ADDR48,
+        addr: pair(8) & ADDR48,
+        len,
+    }];
+    if let Some((addr, l)) = aux {
+        v.push(StateAddress {
+            field: "aux surface base",
+            dword: 10,
+            mask: ADDR48 & !0xfff,
+            addr,
+            len: Some(l),
+        });
+    }
+    let clear = pair(12) & ADDR48 & !0x3f;
+    if gen == Gen::Gen11 && bit(ss[10], 10) && clear != 0 {
+        v.push(StateAddress {
+            field: "clear value",
+            dword: 12,
+            mask: ADDR48 & !0x3f,
+            addr: clear,
+            len: Some(64),
+        });
+    }
+    v
 }

@@ -53,6 +53,14 @@ pub const RENDER: &[RegRange] = &[
     rr("HS..PS_DEPTH statistics counters", 0x2300, 0x2358, true),
     rr("CS_INVOCATION_COUNT", 0x2290, 0x2298, true),
     rr("MI_PREDICATE_SRC0/SRC1/DATA/RESULT", 0x2400, 0x2420, true),
+    // An indirect draw's parameters (Mesa loads them from the indirect buffer); they choose
+    // which vertices are drawn, not what memory the draw reaches.
+    rr(
+        "3DPRIM_END_OFFSET..3DPRIM_BASE_VERTEX",
+        0x2430,
+        0x2448,
+        true,
+    ),
     rr("GPGPU_DISPATCHDIMX/Y/Z", 0x2500, 0x250c, true),
     rr("SO_NUM_PRIMS_WRITTEN[0..4]", 0x5200, 0x5220, true),
     rr("SO_PRIM_STORAGE_NEEDED[0..4]", 0x5240, 0x5260, true),

@@ -225,6 +225,8 @@ const SBA: &[AddrField] = &[
         .size(field(21, 12, 20, 4096, 0)),
 ];
 const DEPTH_LIKE: &[AddrField] = &[a64("surface", 2, 0)];
+// The stencil buffer's address is in use only with Stencil Buffer Enable (DW1 bit 31).
+const STENCIL: &[AddrField] = &[a64("surface", 2, 0).when(nz(1, 31, 1))];
 const INDEX_BUFFER: &[AddrField] = &[a64("buffer", 2, 0).size(field(4, 0, 32, 1, 0))];
 const VERTEX_BUFFERS: &[AddrField] = &[a64("buffer", 2, 0).size(field(4, 0, 32, 1, 0)).repeat(4)];
 const CONSTANT_BODY: &[AddrField] = &[
@@ -398,7 +400,7 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
     media("MEDIA_OBJECT_GRPID", 1, 0x06),
     r3("3DSTATE_CLEAR_PARAMS", 3, 0, 0x04),
     r3("3DSTATE_DEPTH_BUFFER", 3, 0, 0x05).addrs(DEPTH_LIKE),
-    r3("3DSTATE_STENCIL_BUFFER", 3, 0, 0x06).addrs(DEPTH_LIKE),
+    r3("3DSTATE_STENCIL_BUFFER", 3, 0, 0x06).addrs(STENCIL),
     r3("3DSTATE_HIER_DEPTH_BUFFER", 3, 0, 0x07).addrs(DEPTH_LIKE),
     r3("3DSTATE_VERTEX_BUFFERS", 3, 0, 0x08).addrs(VERTEX_BUFFERS),
     r3("3DSTATE_VERTEX_ELEMENTS", 3, 0, 0x09),

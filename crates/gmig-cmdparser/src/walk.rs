@@ -15,12 +15,24 @@
 //!
 //! Memory is read only through the caller's [`GpuMemory`]; batches are fetched page by page, so
 //! the memory must not change during a walk.
+//!
+//! [`audit_walk`] and [`remap_walk`] also follow the indirect state of privileged buffers
+//! ([`IndirectState`]): the RENDER_SURFACE_STATEs a privileged draw or dispatch uses hold GGTT
+//! addresses that no command field shows. Each such surface state must lie in the vGPU's slices
+//! and name surfaces inside them; the remap rebases its address fields in memory like command
+//! fields (each surface state once per walk). Unprivileged buffers' state is PPGTT-addressed and
+//! needs neither.
 
 use thiserror::Error;
 
-use crate::addr::{AddressSpace, GgttOffset, SliceMove, VgpuSlices, GTT_PAGE_SIZE};
+use std::collections::HashSet;
+
+use crate::addr::{
+    AddressSpace, GgttOffset, SliceMove, VgpuSlices, GTT_PAGE_SIZE, MAX_SURFACE_BYTES,
+};
 use crate::audit::{self, AuditError, AuditReport};
 use crate::decode::{BatchContext, BatchLevel, DecodeError, Decoded};
+use crate::indirect::{surface_state_addresses, IndirectState, StateAddress, SURFACE_STATE_BYTES};
 use crate::memory::{GpuMemory, GpuMemoryMut, MemoryError};
 use crate::remap::{self, RemapError, RemapStats};
 use crate::table::{self, Engine, Gen, Hook};
@@ -554,8 +566,95 @@ fn audit_walked(w: &WalkedCommand<'_>, slices: &VgpuSlices, rep: &mut AuditRepor
     Ok(())
 }
 
+/// The surface states privileged buffers' work commands use, found by following their indirect
+/// state.
+struct PrivilegedSurfaces {
+    state: IndirectState,
+    seen: HashSet<u64>,
+}
+
+/// A surface state: its GGTT address, dwords and address fields.
+type SurfaceState = (u64, [u32; SURFACE_STATE_BYTES / 4], Vec<StateAddress>);
+
+impl PrivilegedSurfaces {
+    fn new(gen: Gen) -> PrivilegedSurfaces {
+        PrivilegedSurfaces {
+            state: IndirectState::new(gen, AddressSpace::Ggtt),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Feeds `w`; returns the GGTT surface states its footprint uses that earlier commands did
+    /// not. Unprivileged commands are skipped (their state is PPGTT-addressed).
+    fn step(
+        &mut self,
+        gen: Gen,
+        w: &WalkedCommand<'_>,
+        mem: &dyn GpuMemory,
+    ) -> Result<Vec<SurfaceState>> {
+        if !w.ctx.privileged {
+            return Ok(Vec::new());
+        }
+        let (_, Some(fp)) = self.state.step(&w.cmd, &w.ctx, mem) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for s in fp.surface_states {
+            if s.space != AddressSpace::Ggtt || !self.seen.insert(s.addr) {
+                continue;
+            }
+            let mut ss = [0u32; SURFACE_STATE_BYTES / 4];
+            mem.read_dwords(AddressSpace::Ggtt, s.addr, &mut ss)?;
+            let fields = surface_state_addresses(gen, &ss);
+            out.push((s.addr, ss, fields));
+        }
+        Ok(out)
+    }
+}
+
+/// Audits one GGTT surface state `w` uses against `slices`: where it lies and every address in it.
+fn audit_surface_state(
+    w: &WalkedCommand<'_>,
+    (at, _, fields): &SurfaceState,
+    slices: &VgpuSlices,
+) -> core::result::Result<(), AuditError> {
+    let (offset, name, state) = (w.cmd.offset, w.cmd.desc.name, *at);
+    let out = |field, start, len| AuditError::SurfaceStateOutOfSlice {
+        offset,
+        state,
+        field,
+        start,
+        len,
+    };
+    let here = SURFACE_STATE_BYTES as u64;
+    if !slices.contains(state, here) {
+        return Err(out("location", state, here));
+    }
+    for f in fields {
+        let Some(len) = f.len else {
+            return Err(AuditError::UnsizedSurface {
+                offset,
+                name,
+                state,
+            });
+        };
+        if len > MAX_SURFACE_BYTES {
+            return Err(AuditError::SurfaceTooLarge {
+                offset,
+                name,
+                field: f.field,
+                len,
+            });
+        }
+        if !slices.contains(f.addr, len) {
+            return Err(out(f.field, f.addr, len));
+        }
+    }
+    Ok(())
+}
+
 /// Walks and audits the ring and every batch it starts against `slices` (the ring itself must lie
-/// inside them too).
+/// inside them too), with the GGTT surface states privileged buffers' work commands use.
 pub fn audit_walk<M: GpuMemory + ?Sized>(
     gen: Gen,
     engine: Engine,
@@ -578,8 +677,19 @@ pub fn audit_walk<M: GpuMemory + ?Sized>(
         });
     }
     let mut rep = AuditReport::default();
+    let mut surfaces = PrivilegedSurfaces::new(gen);
+    let dyn_mem: &dyn GpuMemory = &mem;
     walk(gen, engine, mem, ring, budget, &mut |w| {
-        audit_walked(w, slices, &mut rep)
+        audit_walked(w, slices, &mut rep)?;
+        for s in surfaces.step(gen, w, dyn_mem)? {
+            audit_surface_state(w, &s, slices).map_err(|err| WalkError::Audit {
+                space: w.space,
+                addr: w.addr,
+                err,
+            })?;
+            rep.ggtt_uses += s.2.len() as u64;
+        }
+        Ok(())
     })?;
     Ok(rep)
 }
@@ -593,8 +703,69 @@ struct MemEdit {
     new: u32,
 }
 
+/// Plans the rewrite of one GGTT surface state's address fields from `mv.from` to `mv.to`.
+fn plan_surface_state(
+    w: &WalkedCommand<'_>,
+    s: &SurfaceState,
+    mv: &SliceMove,
+    edits: &mut Vec<MemEdit>,
+    stats: &mut RemapStats,
+) -> core::result::Result<(), RemapError> {
+    audit_surface_state(w, s, &mv.from).map_err(RemapError::Source)?;
+    let (at, ss, fields) = s;
+    for f in fields {
+        // Sized, inside one source slice: the audit just said so.
+        let len = f.len.unwrap_or(1);
+        let (offset, name) = (w.cmd.offset, w.cmd.desc.name);
+        let new = mv.rebase_range(f.addr, len).ok_or(RemapError::Source(
+            AuditError::SurfaceStateOutOfSlice {
+                offset,
+                state: *at,
+                field: f.field,
+                start: f.addr,
+                len,
+            },
+        ))?;
+        if !mv.to.contains(new, len) {
+            return Err(RemapError::Destination(
+                AuditError::SurfaceStateOutOfSlice {
+                    offset,
+                    state: *at,
+                    field: f.field,
+                    start: new,
+                    len,
+                },
+            ));
+        }
+        if new & !f.mask != 0 {
+            return Err(RemapError::Overflow {
+                offset,
+                name,
+                field: f.field,
+                addr: new,
+            });
+        }
+        let old = u64::from(ss[f.dword]) | (u64::from(ss[f.dword + 1]) << 32);
+        let value = (old & !f.mask) | new;
+        for i in 0..2 {
+            let (o, n) = ((old >> (32 * i)) as u32, (value >> (32 * i)) as u32);
+            if o != n {
+                edits.push(MemEdit {
+                    space: AddressSpace::Ggtt,
+                    addr: at + 4 * (f.dword + i) as u64,
+                    old: o,
+                    new: n,
+                });
+            }
+        }
+        stats.ggtt_rewritten += 1;
+    }
+    Ok(())
+}
+
 /// Rebases every GGTT address in the ring and the batches it starts, in memory, from `mv.from`
-/// to `mv.to`. `mem` must resolve the addresses the buffers hold (source-layout GGTT offsets).
+/// to `mv.to`, and those in the surface states privileged buffers' work commands use. `mem` must
+/// resolve the addresses the buffers hold (source-layout GGTT offsets).
 /// All or nothing: every command is decoded, audited and rebased before the first write; should a
 /// write fail, the writes already done are undone.
 pub fn remap_walk<M: GpuMemoryMut + ?Sized>(
@@ -608,7 +779,10 @@ pub fn remap_walk<M: GpuMemoryMut + ?Sized>(
     let mut edits: Vec<MemEdit> = Vec::new();
     let mut stats = RemapStats::default();
     let mut local = Vec::new();
-    walk(gen, engine, &*mem, ring, budget, &mut |w| {
+    let mut surfaces = PrivilegedSurfaces::new(gen);
+    let ro: &M = mem;
+    let dyn_mem: &dyn GpuMemory = &ro;
+    walk(gen, engine, ro, ring, budget, &mut |w| {
         let wrap = |err| WalkError::Remap {
             space: w.space,
             addr: w.addr,
@@ -631,6 +805,9 @@ pub fn remap_walk<M: GpuMemoryMut + ?Sized>(
                     });
                 }
             }
+        }
+        for s in surfaces.step(gen, w, dyn_mem)? {
+            plan_surface_state(w, &s, mv, &mut edits, &mut stats).map_err(wrap)?;
         }
         Ok(())
     })?;

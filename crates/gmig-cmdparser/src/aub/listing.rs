@@ -1,12 +1,17 @@
 //! Aubinator-like listings: for each submission of a capture (or for a raw buffer of dwords), every
-//! command in execution order with where it lives, its name and length, and each address it uses
-//! with its space. `gmig decode` prints these, and the fixtures' expected decodes are these.
+//! command in execution order with where it lives, its name and length, each address it uses
+//! with its space and, for a draw, a dispatch or a video decode, the surfaces it reads and writes
+//! through indirect state ([`Footprint`]). `gmig decode` prints these, and the fixtures' expected
+//! decodes are these. [`write_sets`] gives what each submission may write, as the migration engine
+//! counts it (the fixtures' expected write sets).
 
 use std::fmt::Write as _;
 
 use super::{AubEvent, AubReader, RingState, Submission};
+use crate::indirect::SurfaceRole;
 use crate::{
-    walk, Access, AddressSpace, AddressUse, BatchContext, BatchLevel, Budget, Decoder, Engine, Gen,
+    walk, Access, AddressRange, AddressSpace, AddressUse, BatchContext, BatchLevel, Budget,
+    Decoder, Engine, Footprint, Gen, IndirectState, Reach, WriteSet,
 };
 
 /// One command of a listing.
@@ -28,6 +33,8 @@ pub struct CommandLine {
     pub dwords: usize,
     /// Addresses it uses.
     pub addresses: Vec<AddressUse>,
+    /// For a work command: what it reads and writes through indirect state.
+    pub footprint: Option<Footprint>,
 }
 
 /// An item of a listing.
@@ -114,6 +121,7 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                     break;
                 }
                 let mem = submission.memory(reader.image());
+                let mut state = IndirectState::new(gen, submission_space(&submission));
                 let mut lines = Vec::new();
                 let walk_budget = Budget {
                     max_commands: budget.max_commands.min(left),
@@ -126,6 +134,7 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                     submission.ring_span(),
                     walk_budget,
                     &mut |w| {
+                        let (_, footprint) = state.step(&w.cmd, &w.ctx, &mem);
                         lines.push(CommandLine {
                             submission: Some(index),
                             level: w.ctx.level,
@@ -135,6 +144,7 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                             name: w.cmd.desc.name,
                             dwords: w.cmd.len(),
                             addresses: w.cmd.addresses(&w.ctx).collect(),
+                            footprint,
                         });
                         Ok(())
                     },
@@ -172,6 +182,8 @@ pub fn list_raw(gen: Gen, engine: Engine, dwords: &[u32]) -> Vec<ListingItem> {
                 name: cmd.desc.name,
                 dwords: cmd.len(),
                 addresses: cmd.addresses(&ctx).collect(),
+                // A raw buffer has no memory behind it to follow state into.
+                footprint: None,
             })),
             Ok(None) => break,
             Err(e) => {
@@ -184,6 +196,190 @@ pub fn list_raw(gen: Gen, engine: Engine, dwords: &[u32]) -> Vec<ListingItem> {
         }
     }
     items
+}
+
+/// The space a submission's context addresses memory through: its PPGTT when it has one.
+fn submission_space(s: &Submission) -> AddressSpace {
+    if s.pml4 != 0 {
+        AddressSpace::Ppgtt
+    } else {
+        AddressSpace::Ggtt
+    }
+}
+
+/// What one submission may write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubmissionWrites {
+    /// Index of the submission.
+    pub submission: usize,
+    /// Its write set: the commands' own and their indirect state's ranges (merged per space), and
+    /// the reach that bounds what they do not name.
+    pub writes: WriteSet,
+    /// Why the walk stopped early, if it did (the write set is then the commands walked so far).
+    pub stopped: Option<String>,
+}
+
+/// The write set of every submission of a capture, as the migration engine collects it: command
+/// by command, with indirect state followed ([`IndirectState::step`]).
+#[must_use]
+pub fn write_sets(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<SubmissionWrites> {
+    let mut out = Vec::new();
+    let mut reader = AubReader::new(bytes);
+    while let Ok(Some(ev)) = reader.next_event() {
+        let AubEvent::Submit { submission, .. } = ev else {
+            continue;
+        };
+        let index = out.len();
+        let Some(gen) = gen.or(reader.capture().gen) else {
+            out.push(SubmissionWrites {
+                submission: index,
+                writes: WriteSet::Unknown,
+                stopped: Some("the capture names no known generation".to_owned()),
+            });
+            continue;
+        };
+        let mem = submission.memory(reader.image());
+        let mut state = IndirectState::new(gen, submission_space(&submission));
+        let mut writes = WriteSet::Nothing;
+        let r = walk(
+            gen,
+            submission.engine,
+            &mem,
+            submission.ring_span(),
+            budget,
+            &mut |w| {
+                let (set, _) = state.step(&w.cmd, &w.ctx, &mem);
+                writes = std::mem::replace(&mut writes, WriteSet::Nothing).union(set);
+                Ok(())
+            },
+        );
+        out.push(SubmissionWrites {
+            submission: index,
+            writes: merged(writes),
+            stopped: r.err().map(|e| e.to_string()),
+        });
+    }
+    out
+}
+
+/// `w` with its ranges sorted and overlapping or touching ones merged (per space).
+fn merged(w: WriteSet) -> WriteSet {
+    fn merge(mut v: Vec<AddressRange>) -> Vec<AddressRange> {
+        v.sort_by_key(|r| (r.space.to_string(), r.start));
+        let mut out: Vec<AddressRange> = Vec::with_capacity(v.len());
+        for r in v {
+            match out.last_mut() {
+                Some(l) if l.space == r.space && r.start <= l.start.saturating_add(l.len) => {
+                    let end = l
+                        .start
+                        .saturating_add(l.len)
+                        .max(r.start.saturating_add(r.len));
+                    l.len = end - l.start;
+                }
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+    match w {
+        WriteSet::Ranges(r) => WriteSet::Ranges(merge(r)),
+        WriteSet::WithinReach { ranges, reach } => WriteSet::WithinReach {
+            ranges: merge(ranges),
+            reach,
+        },
+        o => o,
+    }
+}
+
+fn reach_text(r: Reach) -> &'static str {
+    match (r.ggtt, r.ppgtt) {
+        (true, true) => "the GGTT and the PPGTT",
+        (true, false) => "the GGTT",
+        (false, true) => "the PPGTT",
+        (false, false) => "nothing",
+    }
+}
+
+/// The write sets as text: per submission, its ranges and what bounds the rest.
+#[must_use]
+pub fn write_sets_text(sets: &[SubmissionWrites]) -> String {
+    let mut s = String::new();
+    for w in sets {
+        let (ranges, rest) = match &w.writes {
+            WriteSet::Nothing => (&[][..], "nothing else".to_owned()),
+            WriteSet::Ranges(r) => (&r[..], "nothing else".to_owned()),
+            WriteSet::WithinReach { ranges, reach } => (
+                &ranges[..],
+                format!("the rest within what {} maps", reach_text(*reach)),
+            ),
+            WriteSet::Unknown => (&[][..], "anything (unknown)".to_owned()),
+        };
+        let _ = writeln!(
+            s,
+            "submission {}: {} range(s), {rest}",
+            w.submission,
+            ranges.len()
+        );
+        for r in ranges {
+            let _ = writeln!(
+                s,
+                "  {:<5} 0x{:012x}+0x{:x}",
+                r.space.to_string(),
+                r.start,
+                r.len
+            );
+        }
+        if let Some(why) = &w.stopped {
+            let _ = writeln!(s, "  walk stopped: {why}");
+        }
+    }
+    s
+}
+
+/// A surface role as listings name it (`ps bt[3]`, `depth`, `so[1]`, ...).
+#[must_use]
+pub fn role_name(role: SurfaceRole) -> String {
+    let stage = |s: crate::Stage| format!("{s:?}").to_lowercase();
+    match role {
+        SurfaceRole::Bound { stage: s, index } => format!("{} bt[{index}]", stage(s)),
+        SurfaceRole::Aux { stage: s, index } => format!("{} bt[{index}] aux", stage(s)),
+        SurfaceRole::Depth => "depth".to_owned(),
+        SurfaceRole::Stencil => "stencil".to_owned(),
+        SurfaceRole::HierDepth => "hiz".to_owned(),
+        SurfaceRole::StreamOut { index } => format!("so[{index}]"),
+        SurfaceRole::StreamOutOffset { index } => format!("so[{index}] offset"),
+        SurfaceRole::Stateless => "stateless".to_owned(),
+        SurfaceRole::VideoDestination => "video destination".to_owned(),
+        SurfaceRole::VideoRowStore => "video row store".to_owned(),
+        SurfaceRole::Bitstream => "bitstream".to_owned(),
+    }
+}
+
+fn footprint_text(s: &mut String, fp: &Footprint) {
+    for u in &fp.surfaces {
+        let _ = writeln!(
+            s,
+            "      {:<5} {:<5} 0x{:012x}+0x{:<8x} {}",
+            if u.writes { "write" } else { "read" },
+            u.space.to_string(),
+            u.start,
+            u.len,
+            role_name(u.role)
+        );
+    }
+    for st in &fp.surface_states {
+        let _ = writeln!(
+            s,
+            "      state {:<5} 0x{:012x}            {} bt[{}]",
+            st.space.to_string(),
+            st.addr,
+            format!("{:?}", st.stage).to_lowercase(),
+            st.index
+        );
+    }
+    for why in &fp.reach {
+        let _ = writeln!(s, "      reach {why}");
+    }
 }
 
 /// Lower-case name of a batch level.
@@ -267,6 +463,9 @@ pub fn to_text(items: &[ListingItem]) -> String {
                         u.addr,
                         access_name(u.access)
                     );
+                }
+                if let Some(fp) = &c.footprint {
+                    footprint_text(&mut s, fp);
                 }
             }
             ListingItem::Error {
