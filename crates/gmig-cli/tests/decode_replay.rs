@@ -42,6 +42,8 @@ fn decode_prints_the_expected_listing() {
         "gen9-blitter-xy-blits",
         "gen9-render-chained-second-level",
         "gen11-render-3d-ppgtt",
+        "gen9-render-iris-indirect-draw",
+        "gen9-render-iris-privileged-surfaces",
     ] {
         let dir = fixture(name);
         let out = gmig(&["decode", s(&dir.join("capture.aub"))]);
@@ -104,6 +106,56 @@ fn decode_json_lines_carry_the_same_listing() {
         .map(|l| l["addresses"][0]["space"].as_str().unwrap())
         .collect();
     assert_eq!(spaces, ["ggtt", "ppgtt"]);
+}
+
+#[test]
+fn decode_shows_the_surfaces_draws_and_dispatches_use() {
+    // Text: the iris draw's render target, texture and depth buffer, each with its range.
+    let out = gmig(&[
+        "decode",
+        s(&fixture("gen9-render-iris-indirect-draw").join("capture.aub")),
+    ]);
+    assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "write ppgtt 0x000200000000+0x4000     ps bt[0]",
+        "read  ppgtt 0x000200100000+0x1000     ps bt[1]",
+        "write ppgtt 0x000200200000+0x4000     depth",
+    ] {
+        assert!(text.contains(line), "{line:?} missing from\n{text}");
+    }
+    assert!(!text.contains("reach"), "every surface resolves:\n{text}");
+    // JSON: the compute dispatch's footprint names its storage buffer as written.
+    let out = gmig(&[
+        "--json",
+        "decode",
+        s(&fixture("gen11-render-iris-compute").join("capture.aub")),
+    ]);
+    assert_success(&out);
+    let walker: serde_json::Value = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["name"] == "GPGPU_WALKER")
+        .expect("a GPGPU_WALKER line");
+    let fp = &walker["footprint"];
+    let surfaces = fp["surfaces"].as_array().unwrap();
+    assert_eq!(surfaces.len(), 1, "{fp}");
+    assert_eq!(surfaces[0]["kind"], "bound");
+    assert_eq!(surfaces[0]["stage"], "compute");
+    assert_eq!(surfaces[0]["start"], 0x2_0030_0000u64);
+    assert_eq!(surfaces[0]["len"], 64 << 10);
+    assert_eq!(surfaces[0]["writes"], true);
+    assert_eq!(fp["reach"].as_array().unwrap().len(), 0);
+    // Commands that are not work carry no footprint.
+    let out = gmig(&[
+        "--json",
+        "decode",
+        s(&fixture("gen8-video-flush-dw").join("capture.aub")),
+    ]);
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert!(v["footprint"].is_null(), "{v}");
+    }
 }
 
 #[test]
@@ -214,6 +266,24 @@ fn replay_exits_3_when_the_result_differs() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected-remap.txt line"));
+
+    // A write set that lost half of the render target.
+    let dir = copy_fixture("gen9-render-iris-indirect-draw", tmp.path());
+    let writes = dir.join("expected-writes.txt");
+    let text = std::fs::read_to_string(&writes).unwrap();
+    assert!(text.contains("ppgtt 0x000200000000+0x4000"), "{text}");
+    std::fs::write(
+        &writes,
+        text.replace("0x000200000000+0x4000", "0x000200000000+0x2000"),
+    )
+    .unwrap();
+    let out = gmig(&["replay", s(&dir)]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected-writes.txt line 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // A manifest that expects a remap where the capture is refused.
     let dir = copy_fixture("gen11-blitter-out-of-slice", tmp.path());

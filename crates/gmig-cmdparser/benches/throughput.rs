@@ -7,15 +7,24 @@
 //! Two groups: `cmdparser` measures wall-clock time; `cmdparser-cpu` measures the benchmark
 //! thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), which stays meaningful on a loaded machine where
 //! the thread is descheduled part of the time. Both report decimal GB/s of command bytes.
+//!
+//! The `walk/...` benchmarks run the walker over memory (ring → privileged batch), on a batch that
+//! adds iris-style draws and dispatches (binding tables, surface states, kernels in a GGTT heap)
+//! to the draws above: `walk/audit-commands` audits the commands only; `walk/audit-indirect`
+//! (`audit_walk`) also follows the indirect state and audits every surface state; `walk/remap-
+//! indirect` (`remap_walk`) rebases commands and surface states there and back. The ratio of the
+//! first two is what the indirect walk costs.
 
 use std::hint::black_box;
 
 use criterion::measurement::{Measurement, ValueFormatter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use gmig_cmdparser::aub::fixture::iris::{self, IrisLayout};
 use gmig_cmdparser::build::{self, Rect};
 use gmig_cmdparser::{
-    audit_buffer, by_name, remap_in_place, AddressSpace, BatchContext, Decoder, Engine, Gen,
-    GgttOffset, Slice, SliceMove, VgpuSlices,
+    audit, audit_buffer, audit_walk, by_name, remap_in_place, remap_walk, walk, AddressSpace,
+    BatchContext, Budget, Decoder, Engine, Gen, GgttOffset, GpuMemory, GpuMemoryMut, MemoryError,
+    PageMemory, RingSpan, Slice, SliceMove, VgpuSlices,
 };
 
 const MIB: u64 = 1 << 20;
@@ -86,6 +95,86 @@ fn render_batch(gen: Gen) -> Vec<u32> {
     }
     v.extend(build::mi_batch_buffer_end());
     v
+}
+
+/// Where the iris heaps of the indirect batch lie (hidden slice).
+const IRIS: IrisLayout = IrisLayout::packed(0x5000_0000);
+const RING_AT: u64 = 0x0400_0000;
+const BATCH_AT: u64 = 0x0410_0000;
+
+/// The render batch's draws, each followed by an iris-style draw over the heaps (whole pipeline
+/// state, binding table, surface states, kernels), and a dispatch every fourth draw.
+fn indirect_batch(gen: Gen) -> Vec<u32> {
+    let mut v = Vec::new();
+    for i in 0..128 {
+        v.extend(draw(gen, i));
+        v.extend(iris::draw_batch(gen, &IRIS));
+        if i % 4 == 0 {
+            v.extend(iris::dispatch_batch(gen, &IRIS));
+        }
+    }
+    v.extend(build::mi_batch_buffer_end());
+    v
+}
+
+/// GGTT memory in which both slice layouts of `mv` name the same pages, so a remap and its
+/// inverse can follow each other on one copy.
+struct Aliased {
+    mem: PageMemory,
+    back: SliceMove,
+}
+
+impl Aliased {
+    fn at(&self, space: AddressSpace, addr: u64) -> u64 {
+        match space {
+            AddressSpace::Ggtt => self.back.rebase(GgttOffset(addr)).map_or(addr, |g| g.0),
+            AddressSpace::Ppgtt => addr,
+        }
+    }
+}
+
+impl GpuMemory for Aliased {
+    fn read(&self, space: AddressSpace, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        self.mem.read(space, self.at(space, addr), out)
+    }
+}
+
+impl GpuMemoryMut for Aliased {
+    fn write(&mut self, space: AddressSpace, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let a = self.at(space, addr);
+        self.mem.write(space, a, data)
+    }
+}
+
+/// A ring that starts the indirect batch, in memory with the iris heaps.
+fn indirect_memory(gen: Gen, mv: &SliceMove) -> (Aliased, RingSpan, u64) {
+    let mut mem = PageMemory::new();
+    let batch = indirect_batch(gen);
+    for (at, d) in iris::heaps(gen, &IRIS) {
+        mem.put_dwords(GGTT, at, &d).unwrap();
+    }
+    mem.put_dwords(GGTT, BATCH_AT, &batch).unwrap();
+    let ring = [
+        build::mi_batch_buffer_start(GGTT, BATCH_AT, false),
+        build::mi_noop(),
+    ]
+    .concat();
+    mem.put_dwords(GGTT, RING_AT, &ring).unwrap();
+    let span = RingSpan {
+        start: GgttOffset(RING_AT),
+        size: 4096,
+        head: 0,
+        tail: ring.len() as u64 * 4,
+    };
+    let bytes = (batch.len() + ring.len()) as u64 * 4;
+    (
+        Aliased {
+            mem,
+            back: mv.inverse(),
+        },
+        span,
+        bytes,
+    )
 }
 
 fn blit_batch() -> Vec<u32> {
@@ -273,6 +362,42 @@ fn run<M: Measurement>(c: &mut Criterion<M>, group: &str) {
             for (e, b) in &mut bufs {
                 remap_in_place(gen, *e, black_box(b), &ctx, m).unwrap();
             }
+            there = !there;
+        });
+    });
+    g.finish();
+
+    let (mut mem, span, bytes) = indirect_memory(gen, &mv);
+    let budget = Budget::default();
+    let commands_only = |mem: &Aliased| {
+        walk(gen, Engine::Render, mem, span, budget, &mut |w| {
+            audit(&w.cmd, &w.ctx, &mv.from).map_err(|err| gmig_cmdparser::WalkError::Audit {
+                space: w.space,
+                addr: w.addr,
+                err,
+            })
+        })
+        .unwrap()
+    };
+    // Sanity: the surface states are found, audited and counted.
+    let rep = audit_walk(gen, Engine::Render, &mem, span, budget, &mv.from).unwrap();
+    assert!(rep.ggtt_uses > 0);
+    commands_only(&mem);
+    let mut g = c.benchmark_group(format!("{group}/walk"));
+    g.throughput(Throughput::BytesDecimal(bytes));
+    g.bench_function("audit-commands", |bch| {
+        bch.iter(|| commands_only(black_box(&mem)));
+    });
+    g.bench_function("audit-indirect", |bch| {
+        bch.iter(|| {
+            audit_walk(gen, Engine::Render, black_box(&mem), span, budget, &mv.from).unwrap()
+        });
+    });
+    let mut there = true;
+    g.bench_function("remap-indirect", |bch| {
+        bch.iter(|| {
+            let m = if there { &mv } else { &back };
+            remap_walk(gen, Engine::Render, black_box(&mut mem), span, budget, m).unwrap();
             there = !there;
         });
     });

@@ -165,6 +165,7 @@ pub fn item_json(item: &ListingItem) -> Value {
                 "len": u.len,
                 "bounded": u.bounded,
             })).collect::<Vec<_>>(),
+            "footprint": c.footprint,
         }),
         ListingItem::Error {
             submission,
