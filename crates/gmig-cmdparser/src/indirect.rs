@@ -29,11 +29,14 @@
 //! [`surface_state_addresses`] names the GGTT address fields inside one, so the walk audits them
 //! against the vGPU's slices and remaps them with the commands ([`crate::walk`]).
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::addr::{AddressSpace, MAX_SURFACE_BYTES};
 use crate::decode::{BatchContext, Decoded};
-use crate::isa::{scan_kernel, KernelScan};
+use crate::isa::{scan_kernel, KernelScan, MAX_KERNEL_BYTES};
 use crate::memory::GpuMemory;
 use crate::table::{Flags, Gen};
 use crate::writeset::{AddressRange, Reach, WriteSet};
@@ -344,7 +347,13 @@ pub struct IndirectState {
     mfx_bitstream: Option<u64>,
     /// An MFX state command naming buffers this module does not size.
     mfx_unmodelled: Option<&'static str>,
+    /// Kernels scanned in this submission: (address, bytes the scan may have read, scan). A
+    /// command that may write over one drops it (any unbounded write drops them all).
+    kernels: RefCell<Vec<(u64, u64, Arc<KernelScan>)>>,
 }
+
+/// Most kernel scans kept per submission.
+const MAX_CACHED_KERNELS: usize = 64;
 
 /// How many binding-table entries a kernel can name (240 and up are special indices).
 const MAX_BINDING_TABLE_ENTRIES: u64 = 240;
@@ -396,6 +405,7 @@ impl IndirectState {
             mfx_other_writes: false,
             mfx_bitstream: None,
             mfx_unmodelled: None,
+            kernels: RefCell::new(Vec::new()),
         }
     }
 
@@ -425,6 +435,19 @@ impl IndirectState {
         if self.observe(d) {
             return (WriteSet::Nothing, None);
         }
+        let (set, fp) = self.work(d, ctx, reach, mem);
+        self.forget_kernels(&set);
+        (set, fp)
+    }
+
+    /// The write set and footprint of a command that is not state.
+    fn work(
+        &self,
+        d: &Decoded<'_>,
+        ctx: &BatchContext,
+        reach: Reach,
+        mem: &dyn GpuMemory,
+    ) -> (WriteSet, Option<Footprint>) {
         if let Some(fp) = self.footprint(d, mem) {
             // A work command's own address fields (none in the tables today) add to its
             // footprint; its "unbounded" flag is what the footprint resolves.
@@ -438,8 +461,53 @@ impl IndirectState {
         (d.write_set(ctx).bounded_by(reach), None)
     }
 
+    /// Drops the kernel scans a command writing `set` may have made stale.
+    fn forget_kernels(&self, set: &WriteSet) {
+        let mut k = self.kernels.borrow_mut();
+        if k.is_empty() {
+            return;
+        }
+        match set {
+            WriteSet::Nothing => {}
+            WriteSet::Ranges(r) => k.retain(|&(at, len, _)| {
+                !r.iter().any(|r| {
+                    r.space == self.space
+                        && r.start < at.saturating_add(len)
+                        && at < r.start.saturating_add(r.len)
+                })
+            }),
+            WriteSet::WithinReach { .. } | WriteSet::Unknown => k.clear(),
+        }
+    }
+
+    /// The scan of the kernel at `kernel` (at most `limit` bytes), from this submission's cache
+    /// when it was scanned before and nothing has written over it since.
+    fn kernel_scan(&self, kernel: u64, limit: Option<u64>, mem: &dyn GpuMemory) -> Arc<KernelScan> {
+        let span = limit.unwrap_or(MAX_KERNEL_BYTES).min(MAX_KERNEL_BYTES);
+        if let Some((_, _, s)) = self
+            .kernels
+            .borrow()
+            .iter()
+            .find(|(at, len, _)| *at == kernel && *len == span)
+        {
+            return Arc::clone(s);
+        }
+        let scan = Arc::new(scan_kernel(self.gen, mem, self.space, kernel, limit));
+        let mut k = self.kernels.borrow_mut();
+        if k.len() >= MAX_CACHED_KERNELS {
+            k.remove(0);
+        }
+        k.push((kernel, span, Arc::clone(&scan)));
+        scan
+    }
+
     /// Records a state command; `true` when `d` was one (state commands write no memory).
     fn observe(&mut self, d: &Decoded<'_>) -> bool {
+        match role(d.desc) {
+            Role::Work => return false,
+            Role::Plain => return self.observe_plain(d),
+            Role::Named => {}
+        }
         let name = d.desc.name;
         match name {
             "STATE_BASE_ADDRESS" => {
@@ -629,31 +697,38 @@ impl IndirectState {
                 self.mfx_bitstream = (a != 0).then_some(a);
                 true
             }
-            _ => {
-                use crate::table::Class;
-                let class = d.desc.class;
-                if is_work(name) || class == Class::Mi {
-                    return false;
-                }
-                if matches!(class, Class::Mfx | Class::Vebox) {
-                    // Video state commands write nothing themselves; the object commands do,
-                    // into buffers the state names. Those named by commands not modelled here
-                    // bound the next decode by the reach.
-                    if !MFX_STATE_WITHOUT_BUFFERS.contains(&name) {
-                        self.mfx_unmodelled = Some(d.desc.name);
-                    }
-                    return true;
-                }
-                // 3D and media state without address fields writes nothing; the rest (vertex
-                // and index buffers, PIPE_CONTROL, ...) keeps its commands-only write set.
-                let f = d.desc.flags;
-                d.desc.addrs.is_empty() && !f.has(Flags::UNBOUNDED_WRITES) && !f.has(Flags::OPAQUE)
-            }
+            _ => self.observe_plain(d),
         }
+    }
+
+    /// A command [`observe`](Self::observe) has no arm for: whether it is state that writes
+    /// nothing.
+    fn observe_plain(&mut self, d: &Decoded<'_>) -> bool {
+        use crate::table::Class;
+        let class = d.desc.class;
+        if class == Class::Mi || is_work(d.desc.name) {
+            return false;
+        }
+        if matches!(class, Class::Mfx | Class::Vebox) {
+            // Video state commands write nothing themselves; the object commands do, into
+            // buffers the state names. Those named by commands not modelled here bound the
+            // next decode by the reach.
+            if !MFX_STATE_WITHOUT_BUFFERS.contains(&d.desc.name) {
+                self.mfx_unmodelled = Some(d.desc.name);
+            }
+            return true;
+        }
+        // 3D and media state without address fields writes nothing; the rest (vertex and index
+        // buffers, PIPE_CONTROL, ...) keeps its commands-only write set.
+        let f = d.desc.flags;
+        d.desc.addrs.is_empty() && !f.has(Flags::UNBOUNDED_WRITES) && !f.has(Flags::OPAQUE)
     }
 
     /// The footprint of a work command; `None` for everything else.
     fn footprint(&self, d: &Decoded<'_>, mem: &dyn GpuMemory) -> Option<Footprint> {
+        if role(d.desc) != Role::Work {
+            return None;
+        }
         let name = d.desc.name;
         let mut fp = Footprint::default();
         match name {
@@ -829,17 +904,17 @@ impl IndirectState {
             return;
         };
         let limit = ib.size.map(|s| s.saturating_sub(ksp));
-        let scan = scan_kernel(self.gen, mem, self.space, kernel, limit);
+        let scan = self.kernel_scan(kernel, limit, mem);
         let KernelScan {
             reads,
             writes,
             stateless,
             reach,
-        } = scan;
+        } = &*scan;
         if let Some(why) = reach {
             fp.widen(format!("{stage:?} kernel at {kernel:#x}: {why}"));
         }
-        if stateless {
+        if *stateless {
             match self.general {
                 Some(Base {
                     addr,
@@ -867,7 +942,7 @@ impl IndirectState {
             ));
             return;
         };
-        for index in reads.union(&writes) {
+        for index in reads.union(writes) {
             let w = writes.contains(index);
             self.bound_surface(fp, stage, bt, *index, w, mem);
         }
@@ -1010,6 +1085,73 @@ impl IndirectState {
         if self.mfx_other_writes {
             fp.widen("MFX stream-out or status buffers are not sized");
         }
+    }
+}
+
+/// The state commands [`IndirectState::observe`] records (each has an arm there).
+const OBSERVED: &[&str] = &[
+    "STATE_BASE_ADDRESS",
+    "3DSTATE_BINDING_TABLE_POOL_ALLOC",
+    "3DSTATE_BINDING_TABLE_POINTERS_VS",
+    "3DSTATE_BINDING_TABLE_POINTERS_HS",
+    "3DSTATE_BINDING_TABLE_POINTERS_DS",
+    "3DSTATE_BINDING_TABLE_POINTERS_GS",
+    "3DSTATE_BINDING_TABLE_POINTERS_PS",
+    "3DSTATE_VS",
+    "3DSTATE_HS",
+    "3DSTATE_DS",
+    "3DSTATE_GS",
+    "3DSTATE_PS",
+    "3DSTATE_DEPTH_BUFFER",
+    "3DSTATE_STENCIL_BUFFER",
+    "3DSTATE_HIER_DEPTH_BUFFER",
+    "3DSTATE_STREAMOUT",
+    "3DSTATE_SO_BUFFER",
+    "MEDIA_VFE_STATE",
+    "MEDIA_CURBE_LOAD",
+    "MEDIA_GATEWAY_STATE",
+    "MEDIA_STATE_FLUSH",
+    "MEDIA_POOL_STATE",
+    "MEDIA_INTERFACE_DESCRIPTOR_LOAD",
+    "MFX_SURFACE_STATE",
+    "MFX_PIPE_BUF_ADDR_STATE",
+    "MFX_BSP_BUF_BASE_ADDR_STATE",
+    "MFX_IND_OBJ_BASE_ADDR_STATE",
+];
+
+/// What a command is to the indirect state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// State [`IndirectState::observe`] records.
+    Named,
+    /// A work command (it has a footprint).
+    Work,
+    /// Anything else.
+    Plain,
+}
+
+fn role_of_name(name: &str) -> Role {
+    if is_work(name) {
+        Role::Work
+    } else if OBSERVED.contains(&name) {
+        Role::Named
+    } else {
+        Role::Plain
+    }
+}
+
+/// The role of a table row, computed once per row (commands are stepped by the million).
+fn role(desc: &'static crate::table::CommandDesc) -> Role {
+    static ROLES: std::sync::OnceLock<Vec<Role>> = std::sync::OnceLock::new();
+    let all = crate::table::all_commands();
+    let roles = ROLES.get_or_init(|| all.iter().map(|d| role_of_name(d.name)).collect());
+    let index = (desc as *const crate::table::CommandDesc as usize)
+        .wrapping_sub(all.as_ptr() as usize)
+        / std::mem::size_of::<crate::table::CommandDesc>().max(1);
+    match (all.get(index), roles.get(index)) {
+        (Some(row), Some(r)) if std::ptr::eq(row, desc) => *r,
+        // A row from elsewhere (never, with the crate's tables): decide by name.
+        _ => role_of_name(desc.name),
     }
 }
 
@@ -1211,4 +1353,46 @@ pub fn surface_state_addresses(gen: Gen, ss: &[u32; 16]) -> Vec<StateAddress> {
         });
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{all_commands, by_name, Engine};
+
+    #[test]
+    fn every_row_has_the_role_its_name_gives() {
+        for d in all_commands() {
+            assert_eq!(role(d), role_of_name(d.name), "{}", d.name);
+        }
+    }
+
+    #[test]
+    fn every_observed_command_exists_and_is_recorded_as_state() {
+        for name in OBSERVED {
+            let found = [Gen::Gen8, Gen::Gen9, Gen::Gen11]
+                .into_iter()
+                .find_map(|g| {
+                    [Engine::Render, Engine::Video]
+                        .into_iter()
+                        .find_map(|e| by_name(g, e, name).map(|d| (g, e, d)))
+                });
+            let (gen, engine, desc) = found.unwrap_or_else(|| panic!("{name} is in no table"));
+            // The shortest length the row accepts, all fields zero.
+            let len = (2..=70)
+                .find(|&n| {
+                    let mut v = vec![0u32; n];
+                    v[0] = desc.header(n as u32);
+                    crate::decode_one(gen, engine, &v, 0).is_ok_and(|c| c.len() == n)
+                })
+                .unwrap_or_else(|| panic!("{name}: no length decodes"));
+            let mut v = vec![0u32; len];
+            v[0] = desc.header(len as u32);
+            let d = crate::decode_one(gen, engine, &v, 0).unwrap();
+            let mut st = IndirectState::new(gen, AddressSpace::Ppgtt);
+            let ctx = BatchContext::first_level(AddressSpace::Ppgtt);
+            let (set, fp) = st.step(&d, &ctx, &crate::PageMemory::new());
+            assert_eq!((set, fp), (WriteSet::Nothing, None), "{name}");
+        }
+    }
 }

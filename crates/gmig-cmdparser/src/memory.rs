@@ -51,8 +51,21 @@ pub trait GpuMemory {
         addr: u64,
         out: &mut [u32],
     ) -> Result<(), MemoryError> {
-        let mut bytes = vec![0u8; out.len().saturating_mul(4)];
-        self.read(space, addr, &mut bytes)?;
+        // Small reads (state, kernels' instructions) go through the stack.
+        let n = out.len().checked_mul(4).ok_or(MemoryError::Overflow {
+            space,
+            addr,
+            len: usize::MAX,
+        })?;
+        let mut small = [0u8; 256];
+        let mut big = Vec::new();
+        let bytes: &mut [u8] = if n <= small.len() {
+            &mut small[..n]
+        } else {
+            big.resize(n, 0);
+            &mut big
+        };
+        self.read(space, addr, bytes)?;
         for (d, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
             *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
