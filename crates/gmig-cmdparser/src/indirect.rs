@@ -27,7 +27,7 @@
 //! A privileged batch's surface states hold GGTT addresses the command audit cannot see: each
 //! footprint lists the surface states it read ([`Footprint::surface_states`]) and
 //! [`surface_state_addresses`] names the GGTT address fields inside one, so the walk audits them
-//! against the vGPU's slices and remaps them with the commands ([`crate::walk`]).
+//! against the vGPU's slices and remaps them with the commands ([`mod@crate::walk`]).
 
 use std::cell::RefCell;
 use std::sync::Arc;
