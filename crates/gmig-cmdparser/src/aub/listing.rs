@@ -7,11 +7,12 @@
 
 use std::fmt::Write as _;
 
-use super::{AubEvent, AubReader, RingState, Submission};
+use super::{AubEvent, AubReader, MemoryImage, RingState, Submission};
 use crate::indirect::SurfaceRole;
 use crate::{
     walk, Access, AddressRange, AddressSpace, AddressUse, BatchContext, BatchLevel, Budget,
-    Decoder, Engine, Footprint, Gen, IndirectState, Reach, WriteSet,
+    Decoder, Engine, Footprint, Gen, IndirectState, Reach, WalkError, WalkSummary, WalkedCommand,
+    WriteSet,
 };
 
 /// One command of a listing.
@@ -120,21 +121,17 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                     });
                     break;
                 }
-                let mem = submission.memory(reader.image());
-                let mut state = IndirectState::new(gen, submission_space(&submission));
                 let mut lines = Vec::new();
                 let walk_budget = Budget {
                     max_commands: budget.max_commands.min(left),
                     ..budget
                 };
-                let r = walk(
+                let r = walk_submission(
                     gen,
-                    submission.engine,
-                    &mem,
-                    submission.ring_span(),
+                    &submission,
+                    reader.image(),
                     walk_budget,
-                    &mut |w| {
-                        let (_, footprint) = state.step(&w.cmd, &w.ctx, &mem);
+                    &mut |w, _, footprint| {
                         lines.push(CommandLine {
                             submission: Some(index),
                             level: w.ctx.level,
@@ -146,7 +143,6 @@ pub fn list_capture(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Listi
                             addresses: w.cmd.addresses(&w.ctx).collect(),
                             footprint,
                         });
-                        Ok(())
                     },
                 );
                 left = left.saturating_sub(lines.len() as u64);
@@ -198,13 +194,28 @@ pub fn list_raw(gen: Gen, engine: Engine, dwords: &[u32]) -> Vec<ListingItem> {
     items
 }
 
-/// The space a submission's context addresses memory through: its PPGTT when it has one.
-fn submission_space(s: &Submission) -> AddressSpace {
-    if s.pml4 != 0 {
+/// Walks a submission through the memory `image` holds, following its indirect state; `f` gets
+/// each command with its write set and, for work commands, its footprint.
+fn walk_submission(
+    gen: Gen,
+    s: &Submission,
+    image: &MemoryImage,
+    budget: Budget,
+    f: &mut dyn FnMut(&WalkedCommand<'_>, WriteSet, Option<Footprint>),
+) -> Result<WalkSummary, WalkError> {
+    let mem = s.memory(image);
+    // The context addresses memory through its PPGTT when it has one.
+    let space = if s.pml4 != 0 {
         AddressSpace::Ppgtt
     } else {
         AddressSpace::Ggtt
-    }
+    };
+    let mut state = IndirectState::new(gen, space);
+    walk(gen, s.engine, &mem, s.ring_span(), budget, &mut |w| {
+        let (set, footprint) = state.step(&w.cmd, &w.ctx, &mem);
+        f(w, set, footprint);
+        Ok(())
+    })
 }
 
 /// What one submission may write.
@@ -238,19 +249,14 @@ pub fn write_sets(bytes: &[u8], gen: Option<Gen>, budget: Budget) -> Vec<Submiss
             });
             continue;
         };
-        let mem = submission.memory(reader.image());
-        let mut state = IndirectState::new(gen, submission_space(&submission));
         let mut writes = WriteSet::Nothing;
-        let r = walk(
+        let r = walk_submission(
             gen,
-            submission.engine,
-            &mem,
-            submission.ring_span(),
+            &submission,
+            reader.image(),
             budget,
-            &mut |w| {
-                let (set, _) = state.step(&w.cmd, &w.ctx, &mem);
+            &mut |_, set, _| {
                 writes = std::mem::replace(&mut writes, WriteSet::Nothing).union(set);
-                Ok(())
             },
         );
         out.push(SubmissionWrites {
