@@ -4,8 +4,8 @@ use std::io::{self, Read};
 
 use gmig_core::stream::{
     load, Compatibility, Control, Gfn, GpuGeneration, PageBatch, PageData, Section, StateKind,
-    StreamError, StreamHeader, StreamLimits, StreamReader, StreamWriter, VgpuTypeId, HEADER_LEN,
-    KIND_PAGES, MAX_PAGES_PER_BATCH, PAGE_SIZE, SECTION_HEADER_LEN,
+    StreamError, StreamHeader, StreamLimits, StreamReader, StreamWriter, VgpuTypeId, FORMAT_MINOR,
+    HEADER_LEN, KIND_PAGES, KIND_SYNC, MAX_PAGES_PER_BATCH, PAGE_SIZE, SECTION_HEADER_LEN,
 };
 use proptest::prelude::*;
 
@@ -146,13 +146,36 @@ fn rewrite_header(bytes: &mut [u8], edit: impl FnOnce(&mut [u8])) {
 #[test]
 fn newer_minor_and_other_major_versions_are_refused() {
     let mut newer = recorded();
-    rewrite_header(&mut newer, |h| h[10] = 1);
+    rewrite_header(&mut newer, |h| h[10] = FORMAT_MINOR as u8 + 1);
     let err = load(&newer[..], StreamLimits::default(), None).unwrap_err();
-    assert_eq!(err, StreamError::UnsupportedVersion { major: 1, minor: 1 });
-    assert!(err.to_string().contains("1.1"), "{err}");
+    assert_eq!(
+        err,
+        StreamError::UnsupportedVersion {
+            major: 1,
+            minor: FORMAT_MINOR + 1
+        }
+    );
+    assert!(
+        err.to_string().contains(&format!("1.{}", FORMAT_MINOR + 1)),
+        "{err}"
+    );
+
+    // A format-1.0 stream (before SYNC and the GGTT update) is still read.
+    let mut older = recorded();
+    rewrite_header(&mut older, |h| h[10] = 0);
+    assert_eq!(
+        load(&older[..], StreamLimits::default(), None)
+            .unwrap()
+            .header
+            .format_minor,
+        0
+    );
 
     let mut major = recorded();
-    rewrite_header(&mut major, |h| h[8] = 2);
+    rewrite_header(&mut major, |h| {
+        h[8] = 2;
+        h[10] = 0;
+    });
     let err = load(&major[..], StreamLimits::default(), None).unwrap_err();
     assert_eq!(err, StreamError::UnsupportedVersion { major: 2, minor: 0 });
 }
@@ -427,6 +450,104 @@ fn duplicate_state_and_missing_state_are_refused() {
     ));
 }
 
+/// A format-1.1 stream as a source with pre-copy state writes it: the GGTT and a SYNC among the
+/// pre-copy pages, the GGTT update with the rest of the state at the stop.
+fn recorded_with_precopy_state() -> Vec<u8> {
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    w.write_state(StateKind::Ggtt, &[1, 2, 3]).unwrap();
+    let mut b = PageBatch::new();
+    b.push(Gfn(7), &page(0x77));
+    w.write_pages(&b).unwrap();
+    w.write_sync(1).unwrap();
+    for kind in StateKind::ALL {
+        if kind == StateKind::Ggtt {
+            w.write_state(StateKind::GgttUpdate, &[9]).unwrap();
+        } else {
+            w.write_state(kind, &[kind as u8]).unwrap();
+        }
+    }
+    let (bytes, summary) = w.finish().unwrap();
+    // GGTT, the batch, SYNC, five state sections and the update.
+    assert_eq!(summary.sections, 9);
+    bytes
+}
+
+#[test]
+fn precopy_state_and_sync_round_trip() {
+    let bytes = recorded_with_precopy_state();
+    let loaded = load(&bytes[..], StreamLimits::default(), Some(&compat())).unwrap();
+    let kinds: Vec<StateKind> = loaded.states.iter().map(|(k, _)| *k).collect();
+    let mut want = StateKind::ALL.to_vec();
+    want.push(StateKind::GgttUpdate);
+    assert_eq!(kinds, want);
+    let mut r = StreamReader::open(&bytes[..], StreamLimits::default(), None).unwrap();
+    let mut order = Vec::new();
+    while let Some(s) = r.next_section().unwrap() {
+        order.push(match s {
+            Section::State { kind, .. } => format!("{kind:?}"),
+            Section::Pages(_) => "pages".into(),
+            Section::Sync(seq) => format!("sync {seq}"),
+            Section::End(_) => "end".into(),
+        });
+    }
+    assert_eq!(order[..3], ["Ggtt", "pages", "sync 1"]);
+    assert_eq!(order.last().map(String::as_str), Some("end"));
+}
+
+#[test]
+fn an_update_before_its_section_is_refused_by_reader_and_writer() {
+    let s = raw_section(StateKind::GgttUpdate as u16, &[1]);
+    let err = first_error(&stream_with(&s), StreamLimits::default());
+    assert!(
+        matches!(
+            err,
+            StreamError::SectionOutOfOrder {
+                kind: 9,
+                needs: 3,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    assert!(matches!(
+        w.write_state(StateKind::GgttUpdate, &[1]),
+        Err(StreamError::SectionOutOfOrder { .. })
+    ));
+    // Twice is refused like any other state section.
+    let mut s = raw_section(StateKind::Ggtt as u16, &[1]);
+    s.extend(raw_section(StateKind::GgttUpdate as u16, &[1]));
+    s.extend(raw_section(StateKind::GgttUpdate as u16, &[2]));
+    let err = first_error(&stream_with(&s), StreamLimits::default());
+    assert!(
+        matches!(err, StreamError::DuplicateSection { kind: 9, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_sync_section_of_another_length_is_refused() {
+    for len in [0usize, 4, 9, 64] {
+        let s = raw_section(KIND_SYNC, &vec![1u8; len]);
+        let err = first_error(&stream_with(&s), StreamLimits::default());
+        assert!(
+            matches!(
+                err,
+                StreamError::BadSectionLength {
+                    kind: 10,
+                    expected: 8,
+                    ..
+                }
+            ),
+            "{len}: {err}"
+        );
+    }
+    let s = raw_section(KIND_SYNC, &7u64.to_le_bytes());
+    let bytes = stream_with(&s);
+    let mut r = StreamReader::open(&bytes[..], StreamLimits::default(), None).unwrap();
+    assert_eq!(r.next_section(), Ok(Some(Section::Sync(7))));
+}
+
 #[test]
 fn a_dropped_section_is_caught_by_end() {
     let bytes = recorded();
@@ -480,6 +601,7 @@ fn control_frames_round_trip_and_refuse_corruption() {
             remap_ns: 678,
         },
         Control::Aborted("source timed out waiting for RESTORED".into()),
+        Control::Synced(3),
     ];
     for m in &msgs {
         let mut buf = Vec::new();

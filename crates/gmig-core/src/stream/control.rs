@@ -30,6 +30,10 @@ pub enum Control {
     /// Source → destination: the migration is called off and the source runs the vGPU again;
     /// drop everything received. The reason in words.
     Aborted(String),
+    /// Destination → source: every stream byte up to the SYNC section with this sequence number
+    /// is applied (the switch-over acknowledgement: the source stops the vGPU only after it, so
+    /// the downtime does not absorb a backlog of pre-copy data still being applied).
+    Synced(u64),
 }
 
 /// Magic of a control frame.
@@ -48,6 +52,7 @@ impl Control {
             Control::Commit => 4,
             Control::Resumed { .. } => 5,
             Control::Aborted(_) => 6,
+            Control::Synced(_) => 7,
         }
     }
 
@@ -69,6 +74,7 @@ impl Control {
                 p.extend_from_slice(&remap_ns.to_le_bytes());
                 p
             }
+            Control::Synced(seq) => seq.to_le_bytes().to_vec(),
             _ => Vec::new(),
         };
         let mut frame = Vec::with_capacity(CONTROL_HEADER_LEN + payload.len());
@@ -136,6 +142,13 @@ impl Control {
             6 => Ok(Control::Aborted(
                 String::from_utf8_lossy(&payload).into_owned(),
             )),
+            7 => {
+                let seq: [u8; 8] = payload
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| bad("Synced payload has the wrong length", len.into()))?;
+                Ok(Control::Synced(u64::from_le_bytes(seq)))
+            }
             other => Err(bad("unknown kind", other.into())),
         }
     }

@@ -196,6 +196,30 @@ pub enum StreamError {
         /// The section kind.
         kind: u16,
     },
+    /// An update section came before the section it updates.
+    #[error("device-state section kind {kind} at offset 0x{offset:x} updates section kind {needs}, which has not come before it")]
+    SectionOutOfOrder {
+        /// Offset of the update section.
+        offset: u64,
+        /// The update's kind.
+        kind: u16,
+        /// The kind it updates.
+        needs: u16,
+    },
+    /// A fixed-size section has another length.
+    #[error(
+        "section kind {kind} at offset 0x{offset:x} is {len} bytes long; it must be {expected}"
+    )]
+    BadSectionLength {
+        /// Offset of the section header.
+        offset: u64,
+        /// The section kind.
+        kind: u16,
+        /// Its declared length.
+        len: u32,
+        /// The length the kind has.
+        expected: u32,
+    },
     /// The END section came before a required device-state section.
     #[error("stream ended at offset 0x{offset:x} without device-state section kind {kind}")]
     MissingSection {

@@ -205,7 +205,9 @@ impl Default for StreamLimits {
     }
 }
 
-/// The kinds of device-state sections; each appears exactly once per stream, before END.
+/// The kinds of device-state sections. Each of [`StateKind::ALL`] appears exactly once per
+/// stream, before END; each of [`StateKind::OPTIONAL`] at most once, after the section it
+/// updates ([`StateKind::updates`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u16)]
 pub enum StateKind {
@@ -221,6 +223,9 @@ pub enum StateKind {
     Engines = 5,
     /// Workloads queued but not executed.
     Workloads = 6,
+    /// GGTT entries written since the GGTT section (format 1.1): a source that sent the GGTT while
+    /// the VM ran (pre-copy) sends only these at the stop.
+    GgttUpdate = 9,
 }
 
 impl StateKind {
@@ -234,7 +239,21 @@ impl StateKind {
         StateKind::Workloads,
     ];
 
+    /// Device-state kinds a stream may carry or leave out.
+    pub const OPTIONAL: [StateKind; 1] = [StateKind::GgttUpdate];
+
+    /// The section this one updates, which must come before it; `None` for a whole section.
+    pub fn updates(self) -> Option<StateKind> {
+        match self {
+            StateKind::GgttUpdate => Some(StateKind::Ggtt),
+            _ => None,
+        }
+    }
+
     pub(crate) fn from_wire(kind: u16) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| *k as u16 == kind)
+        Self::ALL
+            .into_iter()
+            .chain(Self::OPTIONAL)
+            .find(|k| *k as u16 == kind)
     }
 }

@@ -23,9 +23,11 @@
 //!     participant D as destination
 //!     S->>D: header
 //!     D-->>S: Control::HeaderAccepted (or Rejected + reason)
-//!     S->>D: PAGES ... (pre-copy, vGPU running)
+//!     S->>D: GGTT, PAGES ... (pre-copy, vGPU running)
+//!     S->>D: SYNC(n)
+//!     D-->>S: Control::Synced(n) (everything before it applied)
 //!     Note over S: stop: quiesce, re-hash
-//!     S->>D: PAGES ... (changed pages), device-state sections, END
+//!     S->>D: PAGES ... (changed pages), device-state sections + GGTT_UPDATE, END
 //!     Note over D: every section validated; restore + remap into a private vGPU
 //!     D-->>S: Control::Restored (or Rejected + reason)
 //!     S->>D: Control::Commit
@@ -53,7 +55,7 @@ pub use pages::{is_zero_page, PageBatch, PageData, PageIter};
 pub use reader::{load, LoadedStream, Section, StreamDecoder, StreamReader};
 pub use wire::{
     VgpuTypeId, END_PAYLOAD_LEN, FORMAT_MAJOR, FORMAT_MINOR, HEADER_LEN, KIND_END, KIND_PAGES,
-    MAGIC, MAX_PAGES_PER_BATCH, PAGE_BATCH_HEADER_LEN, PAGE_RECORD_LEN, PAGE_SIZE,
-    SECTION_HEADER_LEN, SECTION_VERSION,
+    KIND_SYNC, MAGIC, MAX_PAGES_PER_BATCH, PAGE_BATCH_HEADER_LEN, PAGE_RECORD_LEN, PAGE_SIZE,
+    SECTION_HEADER_LEN, SECTION_VERSION, SYNC_PAYLOAD_LEN,
 };
 pub use writer::{StreamSummary, StreamWriter};

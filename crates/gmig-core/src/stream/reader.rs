@@ -10,7 +10,7 @@ use super::header::{Compatibility, StateKind, StreamHeader, StreamLimits};
 use super::pages::PageBatch;
 use super::wire::{
     section_crc, WireEnd, WireSection, END_PAYLOAD_LEN, HEADER_LEN, KIND_END, KIND_PAGES,
-    SECTION_HEADER_LEN, SECTION_VERSION,
+    KIND_SYNC, SECTION_HEADER_LEN, SECTION_VERSION, SYNC_PAYLOAD_LEN,
 };
 use super::writer::StreamSummary;
 
@@ -27,6 +27,9 @@ pub enum Section {
     },
     /// A page batch.
     Pages(PageBatch),
+    /// A switch-over marker and its sequence number: the source waits until the destination says
+    /// it has applied everything up to here (format 1.1).
+    Sync(u64),
     /// The END section: the stream is complete and consistent.
     End(StreamSummary),
 }
@@ -71,7 +74,11 @@ impl Validator {
         let sec = self.parse_head(head)?;
         let kind = sec.kind.get();
         let len = sec.length.get();
-        if StateKind::from_wire(kind).is_none() && kind != KIND_PAGES && kind != KIND_END {
+        if StateKind::from_wire(kind).is_none()
+            && kind != KIND_PAGES
+            && kind != KIND_END
+            && kind != KIND_SYNC
+        {
             return Err(StreamError::UnknownSection { offset: at, kind });
         }
         if sec.version.get() != SECTION_VERSION {
@@ -85,6 +92,14 @@ impl Validator {
             return Err(StreamError::SectionFlags {
                 offset: at,
                 flags: sec.flags.get(),
+            });
+        }
+        if kind == KIND_SYNC && len != SYNC_PAYLOAD_LEN as u32 {
+            return Err(StreamError::BadSectionLength {
+                offset: at,
+                kind,
+                len,
+                expected: SYNC_PAYLOAD_LEN as u32,
             });
         }
         let max = if kind == KIND_END {
@@ -133,11 +148,31 @@ impl Validator {
             return self.finish_end(at, &payload, stream_crc_before);
         }
         self.summary.sections += 1;
+        if kind == KIND_SYNC {
+            let seq: [u8; SYNC_PAYLOAD_LEN] =
+                payload
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| StreamError::BadSectionLength {
+                        offset: at,
+                        kind,
+                        len: payload.len() as u32,
+                        expected: SYNC_PAYLOAD_LEN as u32,
+                    })?;
+            return Ok(Section::Sync(u64::from_le_bytes(seq)));
+        }
         if let Some(kind) = StateKind::from_wire(kind) {
             if self.states.contains(&kind) {
                 return Err(StreamError::DuplicateSection {
                     offset: at,
                     kind: kind as u16,
+                });
+            }
+            if let Some(needs) = kind.updates().filter(|k| !self.states.contains(k)) {
+                return Err(StreamError::SectionOutOfOrder {
+                    offset: at,
+                    kind: kind as u16,
+                    needs: needs as u16,
                 });
             }
             self.states.push(kind);
@@ -274,7 +309,10 @@ impl<R: Read> StreamReader<R> {
             return Ok(None);
         }
         let result = self.read_section();
-        if !matches!(result, Ok(Section::Pages(_) | Section::State { .. })) {
+        if !matches!(
+            result,
+            Ok(Section::Pages(_) | Section::State { .. } | Section::Sync(_))
+        ) {
             self.done = true;
         }
         result.map(Some)
@@ -457,6 +495,7 @@ pub fn load<R: Read>(
         match reader.next_section()? {
             Some(Section::State { kind, payload }) => states.push((kind, payload)),
             Some(Section::Pages(b)) => batches.push(b),
+            Some(Section::Sync(_)) => {}
             Some(Section::End(summary)) => {
                 states.sort_by_key(|(k, _)| *k);
                 return Ok(LoadedStream {

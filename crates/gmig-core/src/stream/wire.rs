@@ -9,7 +9,7 @@ pub const MAGIC: [u8; 8] = *b"GMIGSTRM";
 /// Format major version written and the only one read: a different major is refused.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Newest format minor version understood; streams of an older minor are read, newer refused.
-pub const FORMAT_MINOR: u16 = 0;
+pub const FORMAT_MINOR: u16 = 1;
 /// Size of a guest page in bytes.
 pub const PAGE_SIZE: usize = 4096;
 /// Size of the stream header in bytes.
@@ -35,6 +35,11 @@ pub(crate) const ENCODING_ZERO: u32 = 1;
 pub const KIND_PAGES: u16 = 7;
 /// Section kind of the END section.
 pub const KIND_END: u16 = 8;
+/// Section kind of a switch-over marker (format 1.1): the source asks the destination to say
+/// when it has applied everything before it.
+pub const KIND_SYNC: u16 = 10;
+/// Size of a SYNC section's payload: the marker's sequence number.
+pub const SYNC_PAYLOAD_LEN: usize = 8;
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]

@@ -11,6 +11,7 @@ use super::wire::WireSection;
 use super::wire::HEADER_LEN;
 use super::wire::KIND_END;
 use super::wire::KIND_PAGES;
+use super::wire::KIND_SYNC;
 use super::wire::SECTION_HEADER_LEN;
 use super::wire::SECTION_VERSION;
 use std::io;
@@ -106,7 +107,8 @@ impl<W: Write> StreamWriter<W> {
         Ok(())
     }
 
-    /// Write one device-state section. Each kind may be written once.
+    /// Write one device-state section. Each kind may be written once; an update
+    /// ([`StateKind::updates`]) only after the section it updates.
     pub fn write_state(&mut self, kind: StateKind, payload: &[u8]) -> Result<()> {
         if self.states.contains(&kind) {
             return Err(StreamError::DuplicateSection {
@@ -114,8 +116,23 @@ impl<W: Write> StreamWriter<W> {
                 kind: kind as u16,
             });
         }
+        if let Some(needs) = kind.updates().filter(|k| !self.states.contains(k)) {
+            return Err(StreamError::SectionOutOfOrder {
+                offset: self.summary.bytes,
+                kind: kind as u16,
+                needs: needs as u16,
+            });
+        }
         self.write_section(kind as u16, payload)?;
         self.states.push(kind);
+        self.summary.sections += 1;
+        Ok(())
+    }
+
+    /// Write a switch-over marker with sequence number `seq` (format 1.1): the destination says
+    /// when it has applied everything up to it.
+    pub fn write_sync(&mut self, seq: u64) -> Result<()> {
+        self.write_section(KIND_SYNC, &seq.to_le_bytes())?;
         self.summary.sections += 1;
         Ok(())
     }
