@@ -335,10 +335,11 @@ pub struct BenchCommonArgs {
     /// WIDTHxHEIGHT (default 1024x768).
     #[arg(long)]
     pub resolution: Option<String>,
-    /// Stop the source only once the destination has applied every pre-copy byte (emulates a
-    /// destination-acknowledged switch-over; the engine stops as soon as it has written them).
+    /// Turn the engine's switch-over acknowledgement off: the source stops the vGPU as soon as it
+    /// has written the last pre-copy byte, and the downtime absorbs whatever pre-copy data the
+    /// destination is still applying (to measure what the acknowledgement saves).
     #[arg(long)]
-    pub sync_precopy: bool,
+    pub no_switchover_ack: bool,
     /// Leave untouched guest pages unbacked (they then read from the kernel's shared zero page,
     /// in cache, which flatters hashing); by default every page is backed before migrating.
     #[arg(long)]

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gmig_core::stream::{Section, StreamDecoder, StreamLimits, HEADER_LEN};
+use gmig_core::stream::{Section, StateKind, StreamDecoder, StreamLimits, HEADER_LEN};
 use gmig_vgpu::compare::guest_visible_digest;
 use gmig_vgpu::gm::{HostConfig, PartitionManager};
 use gmig_vgpu::migratable::{parse_vgpu_type, VgpuVm};
@@ -35,6 +35,8 @@ const SEED: u64 = 3;
 const TIMEOUT: &str = "3";
 /// A control frame without payload (HEADER_ACCEPTED, RESTORED, COMMIT).
 const CONTROL: u64 = 16;
+/// Bytes of the SYNCED control frame (a frame and its sequence number).
+const SYNCED: u64 = CONTROL + 8;
 
 fn gmig() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gmig"))
@@ -428,14 +430,20 @@ fn reference_digest(frames: u64) -> String {
     format!("{:016x}", guest_visible_digest(vm.vgpu()))
 }
 
-/// Where the device-state sections start in a captured stream: the offset just before the last
-/// byte of the first device-state section.
+/// Where the stop's device-state sections start in a captured stream: the offset just before the
+/// last byte of its first one, DEVICE_CONFIG (the GGTT goes earlier, with pre-copy).
 fn device_state_offset(stream: &[u8]) -> u64 {
     let mut d = StreamDecoder::new(StreamLimits::default(), None);
     for (i, b) in stream.iter().enumerate() {
         d.feed(std::slice::from_ref(b)).unwrap();
         while let Some(s) = d.next_section().unwrap() {
-            if matches!(s, Section::State { .. }) {
+            if matches!(
+                s,
+                Section::State {
+                    kind: StateKind::DeviceConfig,
+                    ..
+                }
+            ) {
                 return i as u64;
             }
         }
@@ -480,7 +488,7 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
     let header = HEADER_LEN as u64;
     assert!(header < precopy && precopy < device_state && device_state < stream);
 
-    let phases: [(&str, Dir, u64); 8] = [
+    let phases: [(&str, Dir, u64); 9] = [
         ("handshake", Dir::ToDest, header / 2),
         (
             "early pre-copy",
@@ -492,18 +500,21 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
             Dir::ToDest,
             header + (precopy - header) * 9 / 10,
         ),
+        // HEADER_ACCEPTED crossed; SYNCED (the switch-over acknowledgement) is held: the source
+        // waits, its guest running.
+        ("switch-over", Dir::ToSource, CONTROL),
         (
             "stop-copy",
             Dir::ToDest,
             precopy + (device_state - precopy) / 2,
         ),
         ("device state", Dir::ToDest, device_state),
-        // HEADER_ACCEPTED crossed; RESTORED is held.
-        ("restore", Dir::ToSource, CONTROL),
+        // HEADER_ACCEPTED and SYNCED crossed; RESTORED is held.
+        ("restore", Dir::ToSource, CONTROL + SYNCED),
         // The whole stream crossed; COMMIT is held.
         ("commit", Dir::ToDest, stream),
         // RESTORED crossed; RESUMED is held (the destination already runs the vGPU).
-        ("resume", Dir::ToSource, 2 * CONTROL),
+        ("resume", Dir::ToSource, 2 * CONTROL + SYNCED),
     ];
     let results = run_cells(phases.len(), 3, tmp.path(), |fault, p, dir| {
         let (_, d, at) = phases[p];
@@ -529,7 +540,7 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
     judge_all(
         results,
         &names,
-        |f, p| f == Fault::KillSource && p <= 4,
+        |f, p| f == Fault::KillSource && p <= 5,
         &flavour,
         t0,
     );

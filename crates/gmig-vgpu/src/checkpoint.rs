@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::gm::{GgttOffset, SliceMove, VgpuSlices};
-use crate::gtt::{Ggtt, GgttState, GuestRam};
+use crate::gtt::{Ggtt, GgttLog, GgttState, GuestRam};
 use crate::mmio;
 use crate::vgpu::{Vgpu, VgpuConfig};
 use crate::work::{EngineState, ExecStats, GpuFault, Workload, WriteLog};
@@ -189,6 +189,30 @@ impl Vgpu {
     /// Captures the device state. Pause first ([`Vgpu::pause`]) so nothing changes meanwhile;
     /// queued workloads are part of the state.
     pub fn save(&self) -> VgpuState {
+        self.save_with(self.ggtt.save())
+    }
+
+    /// Starts logging GGTT writes and returns the whole table as it is now: a migration sends it
+    /// while the guest still runs, and at the stop only [`Vgpu::save_since_ggtt_log`]'s changes.
+    pub fn start_ggtt_log(&mut self) -> GgttState {
+        self.ggtt_log = Some(GgttLog::new(&self.ggtt));
+        self.ggtt.save()
+    }
+
+    /// Stops logging GGTT writes.
+    pub fn stop_ggtt_log(&mut self) {
+        self.ggtt_log = None;
+    }
+
+    /// [`Vgpu::save`] whose `ggtt` holds only the entries written since
+    /// [`Vgpu::start_ggtt_log`] (cleared ones as 0): O(entries written), not O(GTT size).
+    /// `None` when no log runs.
+    pub fn save_since_ggtt_log(&self) -> Option<VgpuState> {
+        let log = self.ggtt_log.as_ref()?;
+        Some(self.save_with(self.ggtt.changes(log)))
+    }
+
+    fn save_with(&self, ggtt: GgttState) -> VgpuState {
         VgpuState {
             cfg: self.cfg,
             guest_view: self.guest_view,
@@ -196,7 +220,7 @@ impl Vgpu {
             remap: self.remap,
             vregs: self.vregs.iter().map(|(k, v)| (*k, *v)).collect(),
             sregs: self.sregs.iter().map(|(k, v)| (*k, *v)).collect(),
-            ggtt: self.ggtt.save(),
+            ggtt,
             engines: self.engines.to_vec(),
             queue: self.queue.iter().cloned().collect(),
             accepting: self.accepting,
@@ -257,6 +281,7 @@ impl Vgpu {
             vregs: state.vregs.iter().copied().collect(),
             sregs: BTreeMap::new(),
             ggtt,
+            ggtt_log: None,
             engines,
             queue: VecDeque::new(),
             accepting: state.accepting,

@@ -70,6 +70,46 @@ pub struct GgttState {
     pub hidden: Vec<(u32, u64)>,
 }
 
+/// The GGTT slots written since logging started, each once (a migration sends the GGTT during
+/// pre-copy and, at the stop, only these). Slots number the aperture's pages first, then the
+/// hidden slice's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GgttLog {
+    seen: Vec<u64>,
+    slots: Vec<u32>,
+}
+
+impl GgttLog {
+    /// An empty log for `table`'s slots (O(GTT size) bits, allocated now, not in downtime).
+    pub fn new(table: &Ggtt) -> GgttLog {
+        let slots = table.aperture.len() + table.hidden.len();
+        GgttLog {
+            seen: vec![0; slots.div_ceil(64)],
+            slots: Vec::new(),
+        }
+    }
+
+    fn mark(&mut self, slot: u32) {
+        let (word, bit) = (slot as usize / 64, slot % 64);
+        if let Some(w) = self.seen.get_mut(word) {
+            if *w & (1 << bit) == 0 {
+                *w |= 1 << bit;
+                self.slots.push(slot);
+            }
+        }
+    }
+
+    /// Slots written so far.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no slot was written.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
 impl Ggtt {
     /// An empty table for slices of these sizes.
     pub fn new(slices: &VgpuSlices) -> Ggtt {
@@ -99,6 +139,51 @@ impl Ggtt {
         } else {
             self.aperture.get(i).copied()
         }
+    }
+
+    /// [`Ggtt::set_entry`], recording the slot in `log`.
+    pub fn set_entry_logged(
+        &mut self,
+        slices: &VgpuSlices,
+        off: GgttOffset,
+        pte: u64,
+        log: Option<&mut GgttLog>,
+    ) -> bool {
+        let Some((hidden, i)) = self.slot(slices, off) else {
+            return false;
+        };
+        if !self.set_entry(slices, off, pte) {
+            return false;
+        }
+        if let Some(log) = log {
+            let slot = if hidden { self.aperture.len() + i } else { i };
+            if let Ok(slot) = u32::try_from(slot) {
+                log.mark(slot);
+            }
+        }
+        true
+    }
+
+    /// The entries of the slots `log` recorded, as they are now (cleared ones as 0): what a
+    /// restore applies over the table it loaded from an earlier [`Ggtt::save`]. O(slots logged).
+    pub fn changes(&self, log: &GgttLog) -> GgttState {
+        let mut out = GgttState {
+            aperture_pages: self.aperture.len() as u32,
+            hidden_pages: self.hidden.len() as u32,
+            aperture: Vec::new(),
+            hidden: Vec::new(),
+        };
+        for &slot in &log.slots {
+            let s = slot as usize;
+            if let Some(e) = self.aperture.get(s) {
+                out.aperture.push((slot, *e));
+            } else if let Some(h) = s.checked_sub(self.aperture.len()) {
+                if let Some(e) = self.hidden.get(h) {
+                    out.hidden.push((h as u32, *e));
+                }
+            }
+        }
+        out
     }
 
     /// Sets the entry for `off`; `false` when `off` is outside `slices`.
@@ -384,6 +469,45 @@ pub fn ram_size(mem: &GuestRam) -> u64 {
 mod tests {
     use super::*;
     use crate::gm::{slices_at, MIB};
+
+    proptest::proptest! {
+        /// Whatever the guest writes after the table was saved, the saved table with the logged
+        /// changes applied is the table now, and the changes name each written slot once.
+        #[test]
+        fn saved_table_plus_logged_changes_is_the_table_now(
+            before in proptest::collection::vec((0u64..24, 0u64..4), 0..24),
+            after in proptest::collection::vec((0u64..24, 0u64..4), 0..24),
+        ) {
+            let s = slices_at(64 * MIB, 64 * KIB, 1024 * MIB, 64 * KIB);
+            let off = |i: u64| {
+                if i < 16 {
+                    GgttOffset(64 * MIB + i * PAGE_SIZE)
+                } else {
+                    GgttOffset(1024 * MIB + (i - 16) * PAGE_SIZE)
+                }
+            };
+            let pte = |v: u64| if v == 0 { 0 } else { (v << 12) | GTT_PTE_PRESENT };
+            let mut g = Ggtt::new(&s);
+            for &(i, v) in &before {
+                g.set_entry(&s, off(i), pte(v));
+            }
+            let saved = g.save();
+            let mut log = GgttLog::new(&g);
+            for &(i, v) in &after {
+                proptest::prop_assert!(g.set_entry_logged(&s, off(i), pte(v), Some(&mut log)));
+            }
+            let changes = g.changes(&log);
+            let mut slots: Vec<u64> = after.iter().map(|(i, _)| *i).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            proptest::prop_assert_eq!(log.len(), slots.len());
+            proptest::prop_assert_eq!(changes.aperture.len() + changes.hidden.len(), slots.len());
+            let rebuilt = Ggtt::load_onto(Ggtt::load(&s, &saved).unwrap(), &changes).unwrap();
+            proptest::prop_assert_eq!(rebuilt, g);
+        }
+    }
+
+    const KIB: u64 = 1024;
 
     #[test]
     fn ggtt_same_entry_at_guest_and_host_offsets() {

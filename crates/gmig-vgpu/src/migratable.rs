@@ -25,7 +25,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::checkpoint::{RestoreOptions, VgpuState};
 use crate::gm::{Gfn, VgpuType, MIB, PAGE_SIZE};
-use crate::gtt::{new_guest_ram, ram_size, Ggtt, Space};
+use crate::gtt::{new_guest_ram, ram_size, Ggtt, GgttState, Space};
 use crate::mmio::lrc;
 use crate::vgpu::{Vgpu, VgpuConfig};
 use crate::work::WriteLog;
@@ -262,6 +262,7 @@ impl MigratableVm for VgpuVm {
 
     fn stop_write_tracking(&mut self) {
         self.tracking = None;
+        self.vgpu.stop_ggtt_log();
     }
 
     fn write_candidates(&mut self) -> Candidates {
@@ -357,22 +358,41 @@ impl MigratableVm for VgpuVm {
     }
 
     fn save_state(&self) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
-        let s = self.vgpu.save();
-        Ok(vec![
-            (
-                StateKind::DeviceConfig,
-                encode_state(&(s.cfg, s.guest_view, s.host, s.remap, s.next_seq))?,
-            ),
-            (StateKind::Registers, encode_state(&(&s.vregs, &s.sregs))?),
-            (StateKind::Ggtt, encode_state(&s.ggtt)?),
-            (StateKind::Ppgtt, encode_state(&s.ppgtt_roots)?),
-            (
-                StateKind::Engines,
-                encode_state(&(&s.engines, &s.ctx_heads, &s.stats, &s.faults, s.accepting))?,
-            ),
-            (StateKind::Workloads, encode_state(&s.queue)?),
-        ])
+        sections(&self.vgpu.save(), StateKind::Ggtt)
     }
+
+    fn precopy_state(&mut self) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
+        // The GGTT is O(GTT size) (655,360 entries at 512+2048) and changes little: it goes while
+        // the guest runs, and the stop sends only the entries written since.
+        let ggtt = self.vgpu.start_ggtt_log();
+        Ok(vec![(StateKind::Ggtt, encode_state(&ggtt)?)])
+    }
+
+    fn save_state_delta(&self) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
+        match self.vgpu.save_since_ggtt_log() {
+            Some(s) => sections(&s, StateKind::GgttUpdate),
+            None => self.save_state(),
+        }
+    }
+}
+
+/// The device-state sections of `s`, its GGTT part as a section of kind `ggtt` (the whole table,
+/// or the entries written since pre-copy sent it).
+fn sections(s: &VgpuState, ggtt: StateKind) -> Result<Vec<(StateKind, Vec<u8>)>, VmError> {
+    Ok(vec![
+        (
+            StateKind::DeviceConfig,
+            encode_state(&(s.cfg, s.guest_view, s.host, s.remap, s.next_seq))?,
+        ),
+        (StateKind::Registers, encode_state(&(&s.vregs, &s.sregs))?),
+        (ggtt, encode_state(&s.ggtt)?),
+        (StateKind::Ppgtt, encode_state(&s.ppgtt_roots)?),
+        (
+            StateKind::Engines,
+            encode_state(&(&s.engines, &s.ctx_heads, &s.stats, &s.faults, s.accepting))?,
+        ),
+        (StateKind::Workloads, encode_state(&s.queue)?),
+    ])
 }
 
 fn dec<T: DeserializeOwned>(
@@ -404,6 +424,11 @@ pub struct VgpuFactory {
     /// The GGTT table of the incoming vGPU, built and written while the stream's pre-copy runs
     /// ([`Ggtt::prefaulted`]), so the restore in downtime does not pay for it.
     ggtt: Option<Ggtt>,
+    /// Whether `ggtt` holds the stream's GGTT section already (loaded as it arrived, during
+    /// pre-copy when the source sent it then): the restore applies only the GGTT update.
+    ggtt_loaded: bool,
+    /// The frames that GGTT maps, for the destination to back with memory during pre-copy.
+    prefault: Vec<gmig_core::stream::Gfn>,
 }
 
 impl VgpuFactory {
@@ -419,6 +444,8 @@ impl VgpuFactory {
             memory: None,
             ram_by_vmm: false,
             ggtt: None,
+            ggtt_loaded: false,
+            prefault: Vec::new(),
         }
     }
 
@@ -458,6 +485,7 @@ impl VmFactory for VgpuFactory {
         }
         // Outside downtime: the stream has only just started.
         self.ggtt = Some(Ggtt::prefaulted(&self.slices));
+        self.ggtt_loaded = false;
         if let Some(mem) = &self.memory {
             return Ok(mem.clone());
         }
@@ -467,6 +495,39 @@ impl VmFactory for VgpuFactory {
 
     fn memory_is_zeroed(&self) -> bool {
         self.memory.is_none()
+    }
+
+    fn state_arrived(
+        &mut self,
+        _header: &StreamHeader,
+        kind: StateKind,
+        payload: &[u8],
+    ) -> Result<(), VmError> {
+        if kind != StateKind::Ggtt {
+            return Ok(());
+        }
+        // O(present entries): done as the section arrives, during pre-copy when the source sends
+        // the GGTT then, so the restore in downtime applies only the entries written since.
+        let state: GgttState = postcard::from_bytes(payload)
+            .map_err(|e| VmError(format!("device-state section Ggtt: {e}")))?;
+        let table = self.ggtt.take().unwrap_or_else(|| Ggtt::new(&self.slices));
+        let loaded = Ggtt::load_onto(table, &state).ok_or(VmError(format!(
+            "device-state section Ggtt: {}+{} pages do not fit this vGPU's slices",
+            state.aperture_pages, state.hidden_pages
+        )))?;
+        // What the GPU can write on this guest; pre-copy's pages go to these frames too, so backing
+        // them now costs nothing extra there and keeps their first touch out of the downtime.
+        self.prefault = loaded
+            .mapped_frames()
+            .map(|g| gmig_core::stream::Gfn(g.0))
+            .collect();
+        self.ggtt = Some(loaded);
+        self.ggtt_loaded = true;
+        Ok(())
+    }
+
+    fn take_prefault_frames(&mut self) -> Vec<gmig_core::stream::Gfn> {
+        std::mem::take(&mut self.prefault)
     }
 
     fn restore(
@@ -494,7 +555,21 @@ impl VmFactory for VgpuFactory {
             ));
         }
         let (vregs, sregs) = dec(states, StateKind::Registers)?;
-        let ggtt = dec(states, StateKind::Ggtt)?;
+        let ggtt = if self.ggtt_loaded {
+            // The table holds the GGTT section already; on top of it go the entries written since.
+            if states.iter().any(|(k, _)| *k == StateKind::GgttUpdate) {
+                dec(states, StateKind::GgttUpdate)?
+            } else {
+                GgttState {
+                    aperture_pages: (self.slices.aperture.size / PAGE_SIZE) as u32,
+                    hidden_pages: (self.slices.hidden.size / PAGE_SIZE) as u32,
+                    aperture: Vec::new(),
+                    hidden: Vec::new(),
+                }
+            }
+        } else {
+            dec(states, StateKind::Ggtt)?
+        };
         let ppgtt_roots = dec(states, StateKind::Ppgtt)?;
         let (engines, ctx_heads, stats, faults, accepting) = dec(states, StateKind::Engines)?;
         let queue = dec(states, StateKind::Workloads)?;
@@ -519,6 +594,7 @@ impl VmFactory for VgpuFactory {
         SliceMove::new(host, self.slices).map_err(|e| vm_err("slice move", e))?;
         let restore_ns = t.elapsed().as_nanos() as u64;
         let t = Instant::now();
+        self.ggtt_loaded = false;
         let vgpu = Vgpu::restore_onto(&state, memory, self.slices, self.opts, self.ggtt.take())
             .map_err(|e| vm_err("restore", e))?;
         let remap_ns = t.elapsed().as_nanos() as u64;

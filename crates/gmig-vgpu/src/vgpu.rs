@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::gm::{Gfn, VgpuType, PAGE_SIZE};
-use crate::gtt::{ppgtt_frames, Ggtt, GpuView, GttError, GuestRam, Space};
+use crate::gtt::{ppgtt_frames, Ggtt, GgttLog, GpuView, GttError, GuestRam, Space};
 use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
 use gmig_cmdparser::{Gen, GgttOffset, SliceMove, VgpuSlices};
 
@@ -102,6 +102,8 @@ pub struct Vgpu {
     pub(crate) vregs: BTreeMap<u32, u32>,
     pub(crate) sregs: BTreeMap<u32, u32>,
     pub(crate) ggtt: Ggtt,
+    /// GGTT slots the guest wrote since a migration's pre-copy sent the table (not migrated).
+    pub(crate) ggtt_log: Option<GgttLog>,
     pub(crate) engines: [EngineState; 4],
     pub(crate) queue: VecDeque<Workload>,
     pub(crate) accepting: bool,
@@ -135,6 +137,7 @@ impl Vgpu {
             vregs: BTreeMap::new(),
             sregs: BTreeMap::new(),
             ggtt: Ggtt::new(&slices),
+            ggtt_log: None,
             engines: Default::default(),
             queue: VecDeque::new(),
             accepting: true,
@@ -317,9 +320,12 @@ impl Vgpu {
             };
             let page = u64::from(entry_off - mmio::GTT_MMIO_BASE) / 8;
             // Outside the balloon: ignored, as GVT-g does.
-            let _ = self
-                .ggtt
-                .set_entry(&self.guest_view, GgttOffset(page * PAGE_SIZE), new);
+            let _ = self.ggtt.set_entry_logged(
+                &self.guest_view,
+                GgttOffset(page * PAGE_SIZE),
+                new,
+                self.ggtt_log.as_mut(),
+            );
             return Ok(());
         }
         if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)

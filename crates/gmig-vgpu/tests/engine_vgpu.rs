@@ -151,8 +151,11 @@ fn a_failed_migration_leaves_the_vgpu_running_with_nothing_lost() {
         let err = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap_err();
         assert!(dest.join().unwrap().is_err());
         match (&err, cut) {
-            (MigrationError::Rejected { phase, .. }, None) => {
-                assert_eq!(*phase, MigrationPhase::Restore);
+            // The GGTT goes first in pre-copy, and the destination loads it as it arrives: a
+            // table that does not fit its slices is refused then, before the stop.
+            (MigrationError::Rejected { phase, reason }, None) => {
+                assert_eq!(*phase, MigrationPhase::PreCopy);
+                assert!(reason.contains("Ggtt"), "{reason}");
             }
             (e, Some(_)) => assert_eq!(MigrationPhase::from(e), MigrationPhase::PreCopy),
             (e, None) => panic!("unexpected {e}"),
@@ -442,4 +445,86 @@ fn a_too_small_candidate_set_loses_the_compute_output() {
     reference.finish().unwrap();
     let diff = compare_guest_visible(reference.vgpu(), moved.vgpu());
     assert!(!diff.is_identical(), "the negative control must differ");
+}
+
+/// Everything the source device has to give now: until it has nothing more in pre-copy, or to
+/// END in stop-copy.
+fn drain_device(
+    h: &mut gmig_vfio_migration::MigrationHandle<gmig_core::migration::SourceDevice<VgpuVm>>,
+    out: &mut Vec<u8>,
+) {
+    use gmig_vfio_migration::ReadOutcome;
+    let mut buf = vec![0u8; 64 << 10];
+    while let ReadOutcome::Data(n) = MigrationTarget::read_data(h, &mut buf).unwrap() {
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[test]
+fn ggtt_entries_written_during_precopy_reach_the_destination_in_the_update() {
+    use gmig_core::stream::{load, StateKind, StreamLimits};
+    use gmig_vgpu::gm::PAGE_SIZE;
+    use gmig_vgpu::gtt::GgttState;
+    use gmig_vgpu::mmio::{GTT_MMIO_BASE, GTT_PTE_PRESENT};
+
+    let (s, d) = slices();
+    let mut vm = boot(Profile::Desktop, 5, s);
+    vm.run_steps(BEFORE).unwrap();
+    let c = cfg(Policy::OneShot);
+    let mut h = source_handle(vm, &c).unwrap();
+    MigrationTarget::set_state(&mut h, DeviceState::PreCopy).unwrap();
+    let mut stream = Vec::new();
+    drain_device(&mut h, &mut stream);
+
+    // While pre-copy runs the guest clears one present aperture entry and maps two empty ones.
+    let first = s.aperture.base.0 / PAGE_SIZE;
+    let pages = s.aperture.size / PAGE_SIZE;
+    let vgpu = h.device_mut().vm_mut().vgpu_mut();
+    let entry = |v: &mut gmig_vgpu::Vgpu, p: u64| {
+        let off = GTT_MMIO_BASE + (p * 8) as u32;
+        u64::from(v.mmio_read32(off).unwrap()) | (u64::from(v.mmio_read32(off + 4).unwrap()) << 32)
+    };
+    let present = (first..first + pages)
+        .find(|p| entry(vgpu, *p) & GTT_PTE_PRESENT != 0)
+        .expect("the desktop guest maps aperture pages");
+    let empty: Vec<u64> = (first..first + pages)
+        .filter(|p| entry(vgpu, *p) == 0)
+        .take(2)
+        .collect();
+    assert_eq!(empty.len(), 2);
+    let mut written = vec![(present, 0u64)];
+    for (i, p) in empty.iter().enumerate() {
+        written.push((*p, ((5 + i as u64) * PAGE_SIZE) | GTT_PTE_PRESENT));
+    }
+    for &(p, pte) in &written {
+        let off = GTT_MMIO_BASE + (p * 8) as u32;
+        vgpu.mmio_write32(off, pte as u32).unwrap();
+        vgpu.mmio_write32(off + 4, (pte >> 32) as u32).unwrap();
+    }
+    MigrationTarget::set_state(&mut h, DeviceState::StopCopy).unwrap();
+    drain_device(&mut h, &mut stream);
+    let src = h.into_device().into_vm();
+
+    // The GGTT went early and without the writes; the update carries exactly the three slots.
+    let loaded = load(&stream[..], StreamLimits::default(), None).unwrap();
+    let section = |kind| -> GgttState {
+        let (_, p) = loaded.states.iter().find(|(k, _)| *k == kind).unwrap();
+        postcard::from_bytes(p).unwrap()
+    };
+    let whole = section(StateKind::Ggtt);
+    let slot = |p: u64| (p - first) as u32;
+    assert!(whole.aperture.iter().any(|(i, _)| *i == slot(present)));
+    assert!(!whole.aperture.iter().any(|(i, _)| *i == slot(empty[0])));
+    let update = section(StateKind::GgttUpdate);
+    let mut got = update.aperture.clone();
+    got.sort_unstable();
+    let mut want: Vec<(u32, u64)> = written.iter().map(|(p, e)| (slot(*p), *e)).collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    assert!(update.hidden.is_empty());
+
+    // The destination, which loaded the GGTT as it arrived, ends with the source's table.
+    let restored = gmig_core::migration::restore_stream(factory(d, true), &stream, &c).unwrap();
+    let diff = compare_guest_visible(src.vgpu(), restored.vgpu());
+    assert!(diff.is_identical(), "{diff:?}");
 }

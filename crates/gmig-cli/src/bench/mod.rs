@@ -18,26 +18,20 @@
 //! unlimited link the link term is 0. Because hashing and sending overlap, a downtime below this
 //! bound (ratio < 1) is possible and means the overlap worked.
 //!
-//! **Switch-over barrier (`sync_precopy`).** The engine stops the source as soon as it has
-//! *written* the last pre-copy byte. Zero pages cost a few bytes on the wire but a page write on
-//! the destination, so after a one-shot pass over mostly-zero guest memory the destination is
-//! still applying megabytes of queued pre-copy stream when the source stops, and the downtime
-//! absorbs that backlog. With `sync_precopy` the source's connection makes every `flush` (the
-//! engine flushes once at the end of pre-copy) wait until the destination has *applied* every
-//! byte written so far: the switch-over a destination-acknowledged protocol would give. It is a
-//! benchmark-side emulation of that fix; the engine itself is unchanged.
+//! **Switch-over acknowledgement (`switchover_ack`).** Zero pages cost a few bytes on the wire
+//! but a page write on the destination, so after a one-shot pass over mostly-zero guest memory
+//! the destination is still applying megabytes of pre-copy stream when the source has written
+//! its last byte. The engine's switch-over acknowledgement (on by default) makes the source wait,
+//! the guest still running, until the destination has applied it all; turned off, the downtime
+//! absorbs that backlog. (Before the engine had it, `sync_precopy` emulated it here.)
 
-use std::io::{self, Read, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use gmig_cmdparser::Gen;
 use gmig_dirty::{GuestPages, Hasher};
 
-use gmig_core::forward_connection;
 use gmig_core::migration::{
     migrate_destination, migrate_source, source_handle, DestPhases, MigratableVm, MigrationConfig,
     MigrationError, MigrationReport, Policy, VmError,
@@ -106,9 +100,8 @@ pub struct BenchCase {
     /// Guest RAM override in bytes (`None`: the vGPU type's graphics-memory size). Tests use
     /// small guests.
     pub ram_bytes: Option<u64>,
-    /// Stop the source only once the destination has applied all pre-copy bytes (see the module
-    /// docs).
-    pub sync_precopy: bool,
+    /// The engine's switch-over acknowledgement (see the module docs; on by default).
+    pub switchover_ack: bool,
     /// Back every guest page with its own memory before the migration (read a byte of each page
     /// and write it back: contents unchanged). A fresh mapping reads its untouched pages from
     /// one shared zero page, which sits in cache and flatters both hashing and the read probe;
@@ -142,7 +135,7 @@ impl BenchCase {
             hash_threads: 0,
             step_every_batches: 8,
             ram_bytes: None,
-            sync_precopy: false,
+            switchover_ack: true,
             touch_memory: true,
         }
     }
@@ -265,104 +258,6 @@ fn loopback_pair() -> Result<(Box<dyn Connection>, Box<dyn Connection>)> {
     Ok((a, b))
 }
 
-/// Bytes the barrier lets stay unconfirmed (control messages).
-const SLACK: u64 = 4096;
-
-/// Source side of the switch-over barrier: counts bytes written; `flush` waits until the
-/// destination has applied them all.
-#[derive(Debug)]
-pub struct CatchUp<C> {
-    inner: C,
-    written: u64,
-    applied: Arc<AtomicU64>,
-    timeout: Duration,
-}
-
-impl<C> CatchUp<C> {
-    /// Wrap the source's connection; `applied` is shared with the destination's [`Applied`].
-    pub fn new(inner: C, applied: Arc<AtomicU64>, timeout: Duration) -> Self {
-        Self {
-            inner,
-            written: 0,
-            applied,
-            timeout,
-        }
-    }
-}
-
-impl<C: Read> Read for CatchUp<C> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.read(buf)
-    }
-}
-
-impl<C: Write> Write for CatchUp<C> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(data)?;
-        self.written += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()?;
-        let t = Instant::now();
-        // A control message (a few bytes) may stay unconfirmed: the destination does not read
-        // again after the last one.
-        while self.applied.load(Ordering::Acquire) + SLACK < self.written {
-            if t.elapsed() > self.timeout {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the destination did not catch up with the stream",
-                ));
-            }
-            thread::sleep(Duration::from_micros(50));
-        }
-        Ok(())
-    }
-}
-
-forward_connection!(CatchUp);
-
-/// Destination side of the switch-over barrier: bytes returned by one `read` count as applied
-/// when the destination asks for more (the engine applies each chunk before reading the next).
-#[derive(Debug)]
-pub struct Applied<C> {
-    inner: C,
-    pending: u64,
-    applied: Arc<AtomicU64>,
-}
-
-impl<C> Applied<C> {
-    /// Wrap the destination's connection.
-    pub fn new(inner: C, applied: Arc<AtomicU64>) -> Self {
-        Self {
-            inner,
-            pending: 0,
-            applied,
-        }
-    }
-}
-
-impl<C: Read> Read for Applied<C> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.applied.fetch_add(self.pending, Ordering::AcqRel);
-        self.pending = 0;
-        let n = self.inner.read(buf)?;
-        self.pending = n as u64;
-        Ok(n)
-    }
-}
-
-impl<C: Write> Write for Applied<C> {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.inner.write(data)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-forward_connection!(Applied);
-
 /// The engine configuration a case runs with.
 pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     let mut cfg = MigrationConfig::new(case.policy);
@@ -371,6 +266,7 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     }
     cfg.step_every_batches = case.step_every_batches;
     cfg.timeout = Duration::from_secs(120);
+    cfg.switchover_ack = case.switchover_ack;
     cfg
 }
 
@@ -398,15 +294,6 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     let (a, b) = loopback_pair()?;
     let factory = VgpuFactory::new(Gen::Gen9, case.ty, d, ram);
     let dcfg = cfg.clone();
-    let applied = Arc::new(AtomicU64::new(0));
-    let (a, b): (Box<dyn Connection>, Box<dyn Connection>) = if case.sync_precopy {
-        (
-            Box::new(CatchUp::new(a, Arc::clone(&applied), cfg.timeout)),
-            Box::new(Applied::new(b, applied)),
-        )
-    } else {
-        (a, b)
-    };
     let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg).map(|(_, r)| r));
     let mut handle = source_handle(vm, &cfg)?;
     let report = match case.link_gbps {
@@ -523,28 +410,6 @@ mod tests {
         assert!(s.read_gbps > 0.0);
         assert!(s.bound_link_ms > 0.0 && s.bound_ms >= s.bound_link_ms);
         assert!(r.bytes_stop_copy > 0);
-    }
-
-    #[test]
-    fn catch_up_waits_for_the_destination() {
-        let applied = Arc::new(AtomicU64::new(0));
-        let mut src = CatchUp::new(Vec::new(), Arc::clone(&applied), Duration::from_millis(50));
-        src.write_all(&[7u8; 5000]).unwrap();
-        // Nothing applied yet: the flush times out.
-        assert_eq!(src.flush().unwrap_err().kind(), io::ErrorKind::TimedOut);
-        let data = [7u8; 5000];
-        let mut dst = Applied::new(&data[..], Arc::clone(&applied));
-        let mut buf = [0u8; 4];
-        assert_eq!(dst.read(&mut buf).unwrap(), 4);
-        assert_eq!(
-            applied.load(Ordering::Acquire),
-            0,
-            "counted only on the next read"
-        );
-        let mut rest = Vec::new();
-        dst.read_to_end(&mut rest).unwrap();
-        assert_eq!(applied.load(Ordering::Acquire), 5000);
-        src.flush().unwrap();
     }
 
     #[test]

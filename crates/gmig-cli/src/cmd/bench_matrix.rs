@@ -82,7 +82,7 @@ pub(crate) struct Matrix {
     pub(crate) small_workload: bool,
     /// The workload's screen size, when not the default.
     pub(crate) resolution: Option<(u32, u32)>,
-    pub(crate) sync_precopy: bool,
+    pub(crate) switchover_ack: bool,
     pub(crate) touch_memory: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
@@ -148,7 +148,7 @@ impl Matrix {
             ram_mib: c.ram_mib,
             small_workload: c.small_workload,
             resolution: c.resolution.as_deref().map(parse_resolution).transpose()?,
-            sync_precopy: c.sync_precopy,
+            switchover_ack: !c.no_switchover_ack,
             touch_memory: !c.untouched_memory,
             extra: Vec::new(),
         })
@@ -184,7 +184,7 @@ impl Matrix {
         c.seed = self.seed;
         c.hash_threads = self.threads;
         c.ram_bytes = self.ram_mib.map(|m| m << 20);
-        c.sync_precopy = self.sync_precopy;
+        c.switchover_ack = self.switchover_ack;
         c.touch_memory = self.touch_memory;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
@@ -214,8 +214,11 @@ pub struct Row {
     pub link_gbps: Option<f64>,
     /// Repetitions.
     pub reps: usize,
-    /// Whether the switch-over waited for the destination to apply the pre-copy stream.
-    pub sync_precopy: bool,
+    /// Whether the switch-over waited for the destination to apply the pre-copy stream (the
+    /// engine's switch-over acknowledgement; rows measured before it existed call this
+    /// `sync_precopy`, the bench-side emulation that preceded it).
+    #[serde(alias = "sync_precopy")]
+    pub switchover_ack: bool,
     /// The guest's screen size, WIDTHxHEIGHT.
     #[serde(default)]
     pub resolution: String,
@@ -246,6 +249,14 @@ pub struct Row {
     /// Destination: decoding and applying the whole stream, ms (median; mostly during pre-copy).
     #[serde(default)]
     pub dest_apply_ms: f64,
+    /// Pre-copy's end to the destination's switch-over acknowledgement: the destination catching
+    /// up while the guest still runs (median, ms; 0 without the acknowledgement).
+    #[serde(default)]
+    pub switchover_wait_ms: f64,
+    /// Destination, after its switch-over acknowledgement: applying stop-copy pages and decoding
+    /// the device-state sections (median, ms; in downtime).
+    #[serde(default)]
+    pub dest_stop_apply_ms: f64,
     /// Destination: COMMIT received to the VM running (median, ms).
     #[serde(default)]
     pub dest_resume_ms: f64,
@@ -317,7 +328,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         policy: case.policy.name().to_owned(),
         link_gbps: case.link_gbps,
         reps: samples.len(),
-        sync_precopy: case.sync_precopy,
+        switchover_ack: case.switchover_ack,
         resolution: format!("{}x{}", case.workload.width, case.workload.height),
         downtime_ms,
         downtime_samples_ms: downtimes,
@@ -332,6 +343,8 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
             (s.report.dest_finish_ms - s.dest.tail_ns as f64 / 1e6).max(0.0)
         })),
         dest_apply_ms: median(&f(|s| s.dest.apply_ns as f64 / 1e6)),
+        switchover_wait_ms: median(&f(|s| s.report.switchover_wait_ms)),
+        dest_stop_apply_ms: median(&f(|s| s.dest.stop_apply_ns as f64 / 1e6)),
         dest_resume_ms: median(&f(|s| s.dest.resume_ns as f64 / 1e6)),
         commit_ms: median(&f(|s| s.report.commit_ms)),
         restore_ms: median(&f(|s| s.report.restore_ms)),

@@ -212,11 +212,17 @@ pub struct MigrationConfig {
     pub timeout: Duration,
     /// Bytes per read from the device and per write to the connection.
     pub chunk: usize,
+    /// Switch-over acknowledgement: after pre-copy the source sends a SYNC marker and stops the
+    /// vGPU only once the destination says it has applied everything before it. Without it the
+    /// downtime absorbs whatever pre-copy data the destination is still applying (zero pages cost
+    /// a few bytes to send but a page write to apply). On by default; off only to measure that.
+    pub switchover_ack: bool,
 }
 
 impl MigrationConfig {
     /// Defaults for `policy`: drain at most 2 workloads, 256-page batches, one workload step per
-    /// batch, iterative up to 8 rounds or 64 pages, all cores hashing, 30 s timeouts.
+    /// batch, iterative up to 8 rounds or 64 pages, all cores hashing, 30 s timeouts, switch-over
+    /// acknowledgement on.
     pub fn new(policy: Policy) -> Self {
         Self {
             policy,
@@ -229,6 +235,7 @@ impl MigrationConfig {
             limits: StreamLimits::default(),
             timeout: Duration::from_secs(30),
             chunk: 256 * 1024,
+            switchover_ack: true,
         }
     }
 }
@@ -272,8 +279,11 @@ pub struct MigrationReport {
     pub restore_ms: f64,
     /// Destination: GGTT remapping.
     pub remap_ms: f64,
-    /// Pre-copy duration (VM running).
+    /// Pre-copy duration (VM running), the switch-over wait included.
     pub precopy_ms: f64,
+    /// End of pre-copy to the destination's switch-over acknowledgement (SYNCED): the
+    /// destination catching up with pre-copy while the VM still runs (0 without the ack).
+    pub switchover_wait_ms: f64,
     /// Whole migration, first byte to resume.
     pub total_ms: f64,
     /// Pre-copy rounds.

@@ -5,11 +5,11 @@ use gmig_vfio_migration::{
     ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, RunControl, StateLoader,
     StateSaver,
 };
-use vm_memory::{Bytes, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::vm::{MigratableVm, RestoreTimes, VmFactory};
 use crate::stream::{
-    PageData, Section, StateKind, StreamDecoder, StreamError, StreamLimits, PAGE_SIZE,
+    Gfn, PageData, Section, StateKind, StreamDecoder, StreamError, StreamLimits, PAGE_SIZE,
 };
 
 /// Resuming side: receives a stream into private memory and restores a VM from it only once the
@@ -25,6 +25,8 @@ pub struct DestDevice<F: VmFactory> {
     pages: u64,
     /// Frames written in this session (the factory's memory starts zero-filled).
     written: Vec<bool>,
+    /// Sequence number of the last SYNC section applied.
+    synced: Option<u64>,
 }
 
 impl<F: VmFactory> std::fmt::Debug for DestDevice<F> {
@@ -52,6 +54,8 @@ fn bad_stream(e: StreamError) -> DeviceError {
         | StreamError::BadPageEncoding { offset, .. }
         | StreamError::EndMismatch { offset, .. }
         | StreamError::DuplicateSection { offset, .. }
+        | StreamError::SectionOutOfOrder { offset, .. }
+        | StreamError::BadSectionLength { offset, .. }
         | StreamError::MissingSection { offset, .. }
         | StreamError::TrailingBytes { offset, .. }
         | StreamError::DecoderOverrun { offset } => offset,
@@ -61,6 +65,53 @@ fn bad_stream(e: StreamError) -> DeviceError {
         offset,
         reason: e.to_string(),
     }
+}
+
+/// Backs `frames` (sorted or not) of `mem` with memory without changing their contents
+/// (`MADV_POPULATE_WRITE`), run by run; returns the frames backed. Best effort: a kernel without
+/// it (before 5.14) or a frame outside `mem` just leaves the rest to fault in when written.
+fn prefault(mem: &GuestMemoryMmap, frames: &[Gfn]) -> u64 {
+    let mut sorted: Vec<u64> = frames.iter().map(|g| g.0).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut backed = 0;
+    let mut i = 0;
+    while i < sorted.len() {
+        let start = sorted[i];
+        let mut n = 1;
+        while sorted.get(i + n) == Some(&(start + n as u64)) {
+            n += 1;
+        }
+        i += n;
+        let (Some(addr), Some(len)) = (
+            start.checked_mul(PAGE_SIZE as u64),
+            (n as u64).checked_mul(PAGE_SIZE as u64),
+        ) else {
+            continue;
+        };
+        let Ok(len) = usize::try_from(len) else {
+            continue;
+        };
+        // A run that crosses a region boundary (or leaves guest memory) is skipped whole.
+        let Ok(slice) = mem.get_slice(GuestAddress(addr), len) else {
+            continue;
+        };
+        // SAFETY: the range is one mapping of guest memory that `mem` owns and keeps mapped while
+        // borrowed; MADV_POPULATE_WRITE only faults its pages in (contents unchanged) and touches
+        // no memory outside it.
+        let r = unsafe {
+            libc::madvise(
+                slice.ptr_guard_mut().as_ptr().cast(),
+                len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if r != 0 {
+            return backed;
+        }
+        backed += n as u64;
+    }
+    backed
 }
 
 impl<F: VmFactory> DestDevice<F> {
@@ -76,7 +127,14 @@ impl<F: VmFactory> DestDevice<F> {
             times: RestoreTimes::default(),
             pages: 0,
             written: Vec::new(),
+            synced: None,
         }
+    }
+
+    /// The sequence number of the last SYNC section applied in this session: every stream byte
+    /// before it is applied too.
+    pub fn synced(&self) -> Option<u64> {
+        self.synced
     }
 
     /// Whether the stream's header has arrived and was accepted.
@@ -117,6 +175,7 @@ impl<F: VmFactory> DestDevice<F> {
         self.states.clear();
         self.pages = 0;
         self.written = Vec::new();
+        self.synced = None;
     }
 
     fn apply(&mut self, section: Section) -> Result<(), DeviceError> {
@@ -154,7 +213,31 @@ impl<F: VmFactory> DestDevice<F> {
                     self.pages += 1;
                 }
             }
-            Section::State { kind, payload } => self.states.push((kind, payload)),
+            Section::State { kind, payload } => {
+                let header = self
+                    .decoder
+                    .as_ref()
+                    .and_then(StreamDecoder::header)
+                    .copied()
+                    .ok_or(DeviceError::Failed("state before the header".into()))?;
+                self.factory
+                    .state_arrived(&header, kind, &payload)
+                    .map_err(|e| DeviceError::BadStream {
+                        offset: 0,
+                        reason: format!("device-state section {kind:?} refused: {e}"),
+                    })?;
+                self.states.push((kind, payload));
+                let frames = self.factory.take_prefault_frames();
+                if let Some(mem) = &self.memory {
+                    let n = prefault(mem, &frames);
+                    tracing::debug!(
+                        frames = frames.len(),
+                        backed = n,
+                        "destination: device-writable frames backed during pre-copy"
+                    );
+                }
+            }
+            Section::Sync(seq) => self.synced = Some(seq),
             Section::End(_) => {}
         }
         Ok(())
@@ -285,3 +368,45 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
 impl<F: VmFactory> DirtyLogging for DestDevice<F> {}
 
 impl<F: VmFactory> MigrationDevice for DestDevice<F> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resident(mem: &GuestMemoryMmap, frame: u64) -> bool {
+        let slice = mem
+            .get_slice(GuestAddress(frame * PAGE_SIZE as u64), PAGE_SIZE)
+            .unwrap();
+        let mut v = 0u8;
+        // SAFETY: mincore reports on one page of a mapping that `mem` keeps alive, and writes one
+        // byte (for that one page) to `v`.
+        let r = unsafe { libc::mincore(slice.ptr_guard_mut().as_ptr().cast(), PAGE_SIZE, &mut v) };
+        assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+        v & 1 != 0
+    }
+
+    #[test]
+    fn prefault_backs_the_frames_named_and_keeps_their_contents() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 64 * PAGE_SIZE)]).unwrap();
+        mem.write_slice(&[7u8; 16], GuestAddress(3 * PAGE_SIZE as u64))
+            .unwrap();
+        assert!(!resident(&mem, 10));
+        // Unsorted, with a run, and one frame outside guest memory (skipped).
+        let n = prefault(
+            &mem,
+            &[Gfn(11), Gfn(10), Gfn(3), Gfn(12), Gfn(40), Gfn(1000)],
+        );
+        assert_eq!(n, 5);
+        for f in [3, 10, 11, 12, 40] {
+            assert!(resident(&mem, f), "frame {f}");
+        }
+        assert!(!resident(&mem, 20));
+        let mut back = [0u8; 16];
+        mem.read_slice(&mut back, GuestAddress(3 * PAGE_SIZE as u64))
+            .unwrap();
+        assert_eq!(back, [7u8; 16]);
+        mem.read_slice(&mut back, GuestAddress(10 * PAGE_SIZE as u64))
+            .unwrap();
+        assert_eq!(back, [0u8; 16]);
+    }
+}

@@ -191,6 +191,7 @@ fn run_source<V: MigratableVm, C: Connection>(
     };
 
     let precopy = cfg.policy != Policy::StopAndCopy;
+    let mut switchover_wait = Duration::ZERO;
     let t_stop;
     let bytes_precopy;
     if precopy {
@@ -249,6 +250,11 @@ fn run_source<V: MigratableVm, C: Connection>(
             }
         }
         conn.flush().map_err(io_err(P::PreCopy))?;
+        if cfg.switchover_ack {
+            let t = Instant::now();
+            switchover_ack(handle, conn, &mut buf)?;
+            switchover_wait = t.elapsed();
+        }
         bytes_precopy = counters.sent();
         tracing::debug!(
             bytes = bytes_precopy,
@@ -325,6 +331,7 @@ fn run_source<V: MigratableVm, C: Connection>(
         restore_ms: ns_ms(restore_ns),
         remap_ms: ns_ms(remap_ns),
         precopy_ms: ms(t_stop - t_start),
+        switchover_wait_ms: ms(switchover_wait),
         total_ms: ms(t_resumed - t_start),
         rounds: stats.rounds,
         steps_during_precopy: steps,
@@ -339,6 +346,36 @@ fn run_source<V: MigratableVm, C: Connection>(
         bytes_stop_copy: bytes_total - bytes_precopy,
         bytes_on_wire: counters.sent(),
     })
+}
+
+/// The switch-over acknowledgement: a SYNC marker after the last pre-copy byte, then wait (the
+/// VM still running) until the destination says it applied everything up to it.
+fn switchover_ack<V: MigratableVm, C: Connection>(
+    handle: &mut MigrationHandle<SourceDevice<V>>,
+    conn: &mut Counted<C>,
+    buf: &mut [u8],
+) -> Result<()> {
+    use MigrationPhase as P;
+    let seq = handle
+        .device_mut()
+        .request_sync()
+        .map_err(|e| MigrationError::Device {
+            phase: P::PreCopy,
+            source: TargetError::Handle(HandleError::Device(e)),
+        })?;
+    while let ReadOutcome::Data(n) =
+        MigrationTarget::read_data(handle, buf).map_err(dev_err(P::PreCopy))?
+    {
+        conn.write_all(&buf[..n]).map_err(io_err(P::PreCopy))?;
+    }
+    conn.flush().map_err(io_err(P::PreCopy))?;
+    match expect_control(conn, P::PreCopy, &Control::Synced(0))? {
+        Control::Synced(got) if got == seq => Ok(()),
+        got => Err(MigrationError::Unexpected {
+            phase: P::PreCopy,
+            got: format!("{got:?} (waiting for Synced({seq}))"),
+        }),
+    }
 }
 
 /// What the destination measured.
@@ -363,6 +400,12 @@ pub struct DestPhases {
     pub wait_ns: u64,
     /// Decoding stream bytes and applying pages to the private staging memory.
     pub apply_ns: u64,
+    /// The part of `wait_ns` after the switch-over acknowledgement (SYNCED sent): in downtime,
+    /// waiting for stop-copy data. 0 without the acknowledgement.
+    pub stop_wait_ns: u64,
+    /// The part of `apply_ns` after the switch-over acknowledgement: in downtime, applying
+    /// stop-copy pages and decoding the device-state sections. 0 without the acknowledgement.
+    pub stop_apply_ns: u64,
     /// END applied → RESTORED sent: RESUMING → STOP (every section validated, the VM built,
     /// device state restored and remapped).
     pub tail_ns: u64,
@@ -492,16 +535,35 @@ fn run_destination<F: VmFactory, C: Connection>(
 
     let mut buf = vec![0u8; cfg.chunk.max(4096)];
     let mut phases = DestPhases::default();
+    let mut acked = None;
     while !handle.device().stream_complete() {
         let t = Instant::now();
         let n = conn.read(&mut buf).map_err(io_err(P::StopCopy))?;
-        phases.wait_ns += ns(t.elapsed());
+        let waited = ns(t.elapsed());
+        phases.wait_ns += waited;
+        if acked.is_some() {
+            phases.stop_wait_ns += waited;
+        }
         if n == 0 {
             return Err(MigrationError::Closed { phase: P::StopCopy });
         }
         let t = Instant::now();
         MigrationTarget::write_data(handle, &buf[..n]).map_err(dev_err(P::StopCopy))?;
-        phases.apply_ns += ns(t.elapsed());
+        let applied = ns(t.elapsed());
+        phases.apply_ns += applied;
+        if acked.is_some() {
+            phases.stop_apply_ns += applied;
+        }
+        // The switch-over acknowledgement: everything up to the source's SYNC is applied.
+        let synced = handle.device().synced();
+        if synced > acked {
+            if let Some(seq) = synced {
+                Control::Synced(seq)
+                    .write_to(conn)
+                    .map_err(io_err(P::PreCopy))?;
+            }
+            acked = synced;
+        }
     }
     let t_end = Instant::now();
     MigrationTarget::set_state(handle, DeviceState::Stop).map_err(dev_err(P::Restore))?;

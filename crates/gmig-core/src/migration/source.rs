@@ -71,6 +71,13 @@ pub struct SourceDevice<V: MigratableVm> {
     scratch: Vec<u8>,
     pipeline: Option<Pipeline>,
     states: Option<Vec<(StateKind, Vec<u8>)>>,
+    /// Device-state sections pre-copy sends first ([`MigratableVm::precopy_state`]).
+    early_states: Vec<(StateKind, Vec<u8>)>,
+    /// Whether this session sent device state during pre-copy (the stop then sends the delta).
+    sent_early: bool,
+    /// A SYNC marker to write once the queued pre-copy pages are out, and the last sequence used.
+    sync_pending: bool,
+    sync_seq: u64,
     finished: bool,
     stop_copy_planned: u64,
     stats: SourceStats,
@@ -133,6 +140,10 @@ impl<V: MigratableVm> SourceDevice<V> {
             scratch: Vec::new(),
             pipeline: None,
             states: None,
+            early_states: Vec::new(),
+            sent_early: false,
+            sync_pending: false,
+            sync_seq: 0,
             finished: false,
             stop_copy_planned: 0,
             stats: SourceStats::default(),
@@ -174,6 +185,9 @@ impl<V: MigratableVm> SourceDevice<V> {
         self.queue.clear();
         self.batch.clear();
         self.states = None;
+        self.early_states.clear();
+        self.sent_early = false;
+        self.sync_pending = false;
         self.finished = false;
         if let Some(p) = self.pipeline.take() {
             // Dropping the receiver makes the workers' sends fail; they finish their slice and stop.
@@ -241,6 +255,28 @@ impl<V: MigratableVm> SourceDevice<V> {
         Ok(n as u64)
     }
 
+    /// The device state the stop captures: the whole of it, or, when pre-copy carried part of
+    /// it, the rest and the updates to that part.
+    fn stop_state(&self) -> Result<Vec<(StateKind, Vec<u8>)>, super::vm::VmError> {
+        // Early sections not written yet would not be written at all: a stop sends the whole.
+        if self.sent_early && self.early_states.is_empty() {
+            self.vm.save_state_delta()
+        } else {
+            self.vm.save_state()
+        }
+    }
+
+    /// Ask for a SYNC marker after the pages queued so far (pre-copy only); returns its
+    /// sequence number. The destination answers it once it has applied everything before it.
+    pub fn request_sync(&mut self) -> Result<u64, DeviceError> {
+        if !matches!(self.phase, Phase::PreCopy) {
+            return Err(DeviceError::Failed("SYNC outside PRE_COPY".into()));
+        }
+        self.sync_seq += 1;
+        self.sync_pending = true;
+        Ok(self.sync_seq)
+    }
+
     /// Iterative pre-copy: re-hash every page sent so far; when more than `min_pages` changed,
     /// queue them as a new round and return how many; otherwise queue nothing and return 0 (the
     /// rest is left to stop-copy).
@@ -284,8 +320,13 @@ impl<V: MigratableVm> SourceDevice<V> {
     /// send in downtime.
     fn enter_stop_copy(&mut self) -> Result<(), DeviceError> {
         self.quiesce()?;
+        if !self.early_states.is_empty() {
+            // Stopped before pre-copy wrote anything: the whole state goes now.
+            self.early_states.clear();
+            self.sent_early = false;
+        }
         let t = Instant::now();
-        let states = self.vm.save_state().map_err(|e| failed("save state", e))?;
+        let states = self.stop_state().map_err(|e| failed("save state", e))?;
         self.states = Some(states);
         self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
 
@@ -572,6 +613,21 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
                 }
             }
             match self.phase {
+                Phase::PreCopy if !self.early_states.is_empty() => {
+                    let states = std::mem::take(&mut self.early_states);
+                    let w = self.writer()?;
+                    for (kind, payload) in &states {
+                        w.write_state(*kind, payload)
+                            .map_err(|e| failed("stream", e))?;
+                    }
+                }
+                Phase::PreCopy if self.sync_pending && self.queue.is_empty() => {
+                    self.sync_pending = false;
+                    let seq = self.sync_seq;
+                    self.writer()?
+                        .write_sync(seq)
+                        .map_err(|e| failed("stream", e))?;
+                }
                 Phase::PreCopy => {
                     let n = self.send_queued()?;
                     if n == 0 {
@@ -602,8 +658,7 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
             (None, true) => 0,
             (None, false) => {
                 let now: u64 = self
-                    .vm
-                    .save_state()
+                    .stop_state()
                     .map_err(|e| failed("save state", e))?
                     .iter()
                     .map(|(_, p)| p.len() as u64 + SECTION)
@@ -638,6 +693,12 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
             .map_err(|e| ArcFailure::rolled_back(failed("snapshot", e)))?;
         self.snap = Some(snap);
         self.vm.start_write_tracking();
+        let early = self
+            .vm
+            .precopy_state()
+            .map_err(|e| ArcFailure::rolled_back(failed("pre-copy state", e)))?;
+        self.sent_early = !early.is_empty();
+        self.early_states = early;
         self.first_pass_left = pages.len() as u64;
         self.queue.extend(pages);
         self.stats.rounds = 1;
@@ -661,8 +722,13 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
     }
 
     fn precopy_info(&mut self) -> gmig_vfio_migration::device::Result<PrecopyInfo> {
+        let early: u64 = self
+            .early_states
+            .iter()
+            .map(|(_, p)| p.len() as u64 + SECTION)
+            .sum();
         Ok(PrecopyInfo {
-            initial_bytes: self.first_pass_left * PAGE_SIZE as u64,
+            initial_bytes: self.first_pass_left * PAGE_SIZE as u64 + early,
             dirty_bytes: self
                 .queue
                 .len()

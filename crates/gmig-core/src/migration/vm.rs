@@ -77,6 +77,20 @@ pub trait MigratableVm: Send {
     fn unquiesce(&mut self) -> std::result::Result<(), VmError>;
     /// The device state, one payload per [`StateKind`].
     fn save_state(&self) -> std::result::Result<Vec<(StateKind, Vec<u8>)>, VmError>;
+    /// Device-state sections that can travel while the VM still runs: pre-copy sends them first.
+    /// From this call until [`MigratableVm::stop_write_tracking`] the VM records changes to
+    /// them, and [`MigratableVm::save_state_delta`] carries only those changes, so that the
+    /// downtime does not pay for state that is large but changes little (a GGTT). The default
+    /// sends nothing early.
+    fn precopy_state(&mut self) -> std::result::Result<Vec<(StateKind, Vec<u8>)>, VmError> {
+        Ok(Vec::new())
+    }
+    /// The device state at the stop after [`MigratableVm::precopy_state`]: every section it did
+    /// not carry, and for those it did, their update sections ([`StateKind::updates`]). The
+    /// default is [`MigratableVm::save_state`] (which suits a VM that sends nothing early).
+    fn save_state_delta(&self) -> std::result::Result<Vec<(StateKind, Vec<u8>)>, VmError> {
+        self.save_state()
+    }
 }
 
 /// How a destination builds a VM from a stream.
@@ -97,6 +111,27 @@ pub trait VmFactory: Send {
     /// factory that restores onto a VMM's own RAM, whose contents are not known, returns `false`.
     fn memory_is_zeroed(&self) -> bool {
         true
+    }
+    /// A device-state section arrived, in stream order, before END (a source that sends part of
+    /// the state during pre-copy, [`MigratableVm::precopy_state`], sends it while the VM still
+    /// runs). The factory may decode and stage it now, outside the downtime; an error refuses the
+    /// stream. Every section is handed to [`VmFactory::restore`] as well. The default does
+    /// nothing.
+    fn state_arrived(
+        &mut self,
+        header: &StreamHeader,
+        kind: StateKind,
+        payload: &[u8],
+    ) -> std::result::Result<(), VmError> {
+        let _ = (header, kind, payload);
+        Ok(())
+    }
+    /// Guest frames the device will likely have written by the stop, as far as the sections
+    /// received so far tell (for a GPU: the frames its GGTT maps), taken once: the destination
+    /// backs them with memory now, during pre-copy, so that stop-copy pages for frames that
+    /// pre-copy found zero do not fault memory in during the downtime. The default names none.
+    fn take_prefault_frames(&mut self) -> Vec<Gfn> {
+        Vec::new()
     }
     /// Build the VM from the received memory and state, remapping onto this host's slices.
     fn restore(
