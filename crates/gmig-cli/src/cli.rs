@@ -340,6 +340,11 @@ pub struct BenchCommonArgs {
     /// destination is still applying (to measure what the acknowledgement saves).
     #[arg(long)]
     pub no_switchover_ack: bool,
+    /// Turn one-shot-narrow's overlapped verification off: the downtime then re-hashes every
+    /// candidate page gathered since pre-copy began, not only those written after the pass
+    /// (to measure what the verification saves).
+    #[arg(long)]
+    pub no_verify_before_stop: bool,
     /// Leave untouched guest pages unbacked (they then read from the kernel's shared zero page,
     /// in cache, which flatters hashing); by default every page is backed before migrating.
     #[arg(long)]

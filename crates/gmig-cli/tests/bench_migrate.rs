@@ -156,7 +156,7 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         }
     }
     let targets = v["targets"].as_array().expect("targets");
-    assert_eq!(targets.len(), 4);
+    assert_eq!(targets.len(), 5);
     for t in targets {
         assert!(t["target"].is_string() && t["detail"].is_string(), "{t}");
         assert!(t["met"].is_boolean() || t["met"].is_null(), "{t}");

@@ -528,3 +528,37 @@ fn ggtt_entries_written_during_precopy_reach_the_destination_in_the_update() {
     let diff = compare_guest_visible(src.vgpu(), restored.vgpu());
     assert!(diff.is_identical(), "{diff:?}");
 }
+
+#[test]
+fn verifying_before_the_stop_misses_nothing_the_guest_writes_after_it() {
+    let (s, d) = slices();
+    for profile in [
+        Profile::Desktop,
+        Profile::ThreeD,
+        Profile::Video,
+        Profile::Compute,
+    ] {
+        let mut vm = boot(profile, 21, s);
+        vm.run_steps(BEFORE).unwrap();
+        let c = cfg(Policy::OneShotNarrow);
+        let mut h = source_handle(vm, &c).unwrap();
+        MigrationTarget::set_state(&mut h, DeviceState::PreCopy).unwrap();
+        let mut stream = Vec::new();
+        drain_device(&mut h, &mut stream);
+        // The guest ran frames during pre-copy; verify what they wrote, send what changed.
+        h.device_mut().vm_mut().run_steps(2).unwrap();
+        h.device_mut().verify_candidates().unwrap();
+        drain_device(&mut h, &mut stream);
+        // Frames after the verification: only the new candidate set can find their writes.
+        h.device_mut().vm_mut().run_steps(3).unwrap();
+        MigrationTarget::set_state(&mut h, DeviceState::StopCopy).unwrap();
+        drain_device(&mut h, &mut stream);
+        let stats = h.device().stats();
+        assert!(stats.verified > 0, "{profile:?}: {stats:?}");
+        assert!(stats.rehashed > 0, "{profile:?}: {stats:?}");
+        let src = h.into_device().into_vm();
+        let restored = gmig_core::migration::restore_stream(factory(d, true), &stream, &c).unwrap();
+        let diff = compare_guest_visible(src.vgpu(), restored.vgpu());
+        assert!(diff.is_identical(), "{profile:?}: {diff:?}");
+    }
+}

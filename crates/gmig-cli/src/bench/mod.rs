@@ -102,6 +102,8 @@ pub struct BenchCase {
     pub ram_bytes: Option<u64>,
     /// The engine's switch-over acknowledgement (see the module docs; on by default).
     pub switchover_ack: bool,
+    /// One-shot-narrow's overlapped verification (on by default).
+    pub verify_before_stop: bool,
     /// Back every guest page with its own memory before the migration (read a byte of each page
     /// and write it back: contents unchanged). A fresh mapping reads its untouched pages from
     /// one shared zero page, which sits in cache and flatters both hashing and the read probe;
@@ -136,6 +138,7 @@ impl BenchCase {
             step_every_batches: 8,
             ram_bytes: None,
             switchover_ack: true,
+            verify_before_stop: true,
             touch_memory: true,
         }
     }
@@ -267,6 +270,7 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     cfg.step_every_batches = case.step_every_batches;
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;
+    cfg.verify_before_stop = case.verify_before_stop;
     cfg
 }
 

@@ -83,6 +83,7 @@ pub(crate) struct Matrix {
     /// The workload's screen size, when not the default.
     pub(crate) resolution: Option<(u32, u32)>,
     pub(crate) switchover_ack: bool,
+    pub(crate) verify_before_stop: bool,
     pub(crate) touch_memory: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
@@ -149,6 +150,7 @@ impl Matrix {
             small_workload: c.small_workload,
             resolution: c.resolution.as_deref().map(parse_resolution).transpose()?,
             switchover_ack: !c.no_switchover_ack,
+            verify_before_stop: !c.no_verify_before_stop,
             touch_memory: !c.untouched_memory,
             extra: Vec::new(),
         })
@@ -185,6 +187,7 @@ impl Matrix {
         c.hash_threads = self.threads;
         c.ram_bytes = self.ram_mib.map(|m| m << 20);
         c.switchover_ack = self.switchover_ack;
+        c.verify_before_stop = self.verify_before_stop;
         c.touch_memory = self.touch_memory;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
@@ -219,6 +222,9 @@ pub struct Row {
     /// `sync_precopy`, the bench-side emulation that preceded it).
     #[serde(alias = "sync_precopy")]
     pub switchover_ack: bool,
+    /// Whether one-shot-narrow verified its candidate set before the stop.
+    #[serde(default)]
+    pub verify_before_stop: bool,
     /// The guest's screen size, WIDTHxHEIGHT.
     #[serde(default)]
     pub resolution: String,
@@ -274,6 +280,12 @@ pub struct Row {
     pub pages_total: u64,
     /// Pages re-hashed in downtime (median).
     pub pages_rehashed: u64,
+    /// Pages re-hashed before the stop by one-shot-narrow's overlapped verification (median).
+    #[serde(default)]
+    pub pages_verified: u64,
+    /// Of those, pages that had changed and went again before the stop (median).
+    #[serde(default)]
+    pub pages_verify_resent: u64,
     /// Zero-page markers among the page records (median).
     pub zero_pages: u64,
     /// Guest frames the vGPU's GTTs mapped when the migration started (median).
@@ -329,6 +341,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         link_gbps: case.link_gbps,
         reps: samples.len(),
         switchover_ack: case.switchover_ack,
+        verify_before_stop: case.verify_before_stop,
         resolution: format!("{}x{}", case.workload.width, case.workload.height),
         downtime_ms,
         downtime_samples_ms: downtimes,
@@ -353,6 +366,8 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         pages_stop_copy: u(|s| s.report.pages_stop_copy),
         pages_total: u(|s| s.report.pages_total),
         pages_rehashed: u(|s| s.report.pages_rehashed),
+        pages_verified: u(|s| s.report.pages_verified),
+        pages_verify_resent: u(|s| s.report.pages_verify_resent),
         zero_pages: u(|s| s.report.zero_pages),
         gtt_backed_pages: u(|s| s.gtt_backed_pages),
         bytes_precopy: u(|s| s.report.bytes_precopy),

@@ -217,6 +217,10 @@ pub struct MigrationConfig {
     /// downtime absorbs whatever pre-copy data the destination is still applying (zero pages cost
     /// a few bytes to send but a page write to apply). On by default; off only to measure that.
     pub switchover_ack: bool,
+    /// Overlapped verification (one-shot-narrow only): when pre-copy's pass is done, re-hash the
+    /// candidate set gathered so far while the VM still runs, resend what changed, and start a
+    /// new set, so that the downtime re-hashes only the pages written after that. On by default.
+    pub verify_before_stop: bool,
 }
 
 impl MigrationConfig {
@@ -236,6 +240,7 @@ impl MigrationConfig {
             timeout: Duration::from_secs(30),
             chunk: 256 * 1024,
             switchover_ack: true,
+            verify_before_stop: true,
         }
     }
 }
@@ -302,6 +307,11 @@ pub struct MigrationReport {
     pub zero_pages: u64,
     /// Pages re-hashed in downtime.
     pub pages_rehashed: u64,
+    /// Pages re-hashed before the stop by the overlapped verification, and of those the pages
+    /// that had changed and were sent again while the VM ran.
+    pub pages_verified: u64,
+    /// See `pages_verified`.
+    pub pages_verify_resent: u64,
     /// Whether narrowing widened to every page.
     pub widened: bool,
     /// Bytes written while running.

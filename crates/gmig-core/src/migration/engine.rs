@@ -203,6 +203,7 @@ fn run_source<V: MigratableVm, C: Connection>(
         );
         handshake(handle, conn, &mut buf)?;
         let mut batches_seen = 0u64;
+        let mut verified = false;
         loop {
             match MigrationTarget::read_data(handle, &mut buf).map_err(dev_err(P::PreCopy))? {
                 ReadOutcome::Data(n) => {
@@ -235,6 +236,19 @@ fn run_source<V: MigratableVm, C: Connection>(
                                     phase: P::PreCopy,
                                     source: TargetError::Handle(HandleError::Device(e)),
                                 })?;
+                        if queued > 0 {
+                            continue;
+                        }
+                    }
+                    if cfg.policy == Policy::OneShotNarrow && cfg.verify_before_stop && !verified {
+                        verified = true;
+                        let queued = handle.device_mut().verify_candidates().map_err(|e| {
+                            MigrationError::Device {
+                                phase: P::PreCopy,
+                                source: TargetError::Handle(HandleError::Device(e)),
+                            }
+                        })?;
+                        tracing::debug!(queued, "overlapped verification before the stop");
                         if queued > 0 {
                             continue;
                         }
@@ -341,6 +355,8 @@ fn run_source<V: MigratableVm, C: Connection>(
         pages_total: stats.pages_precopy + stats.pages_stop_copy,
         zero_pages: stats.zero_pages,
         pages_rehashed: stats.rehashed,
+        pages_verified: stats.verified,
+        pages_verify_resent: stats.verify_resent,
         widened: stats.widened,
         bytes_precopy,
         bytes_stop_copy: bytes_total - bytes_precopy,

@@ -52,6 +52,8 @@ pub trait MigratableVm: Send {
     /// Run the guest workload one step (a frame) while it is running.
     fn step(&mut self) -> std::result::Result<(), VmError>;
     /// Start recording the candidate set: pages written by executed commands and by the CPU.
+    /// Called again, it forgets the set so far and starts a new one (the engine does so once it
+    /// has verified the old set before the stop).
     fn start_write_tracking(&mut self);
     /// Stop recording and forget the candidate set.
     fn stop_write_tracking(&mut self);
