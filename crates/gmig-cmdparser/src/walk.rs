@@ -224,29 +224,77 @@ impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
     }
 }
 
+/// What the batch loop needs of a command once it has been visited.
+struct Step {
+    len: usize,
+    hook: Hook,
+    /// Where a BB_START goes (unused for other commands).
+    target: (AddressSpace, u64),
+    second_level: bool,
+}
+
+/// Counts a command against the walk's budget.
+fn charge(sum: &mut WalkSummary, budget: &Budget, dwords: usize) -> Result<()> {
+    sum.commands += 1;
+    if sum.commands > budget.max_commands {
+        return Err(WalkError::Budget {
+            what: "commands",
+            limit: budget.max_commands,
+        });
+    }
+    sum.bytes = sum.bytes.saturating_add((dwords as u64).saturating_mul(4));
+    if sum.bytes > budget.max_batch_bytes {
+        return Err(WalkError::Budget {
+            what: "batch bytes",
+            limit: budget.max_batch_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Target of a BB_START: (space, address).
+fn bb_target(cmd: &Decoded<'_>, ctx: &BatchContext) -> (AddressSpace, u64) {
+    match cmd.addresses(ctx).next() {
+        Some(u) => (u.space, u.addr),
+        None => (AddressSpace::Ggtt, 0),
+    }
+}
+
+/// Hands a batch command to the visitor and keeps what the batch loop needs of it.
+fn visit_one(
+    visit: &mut Visit<'_>,
+    cmd: Decoded<'_>,
+    space: AddressSpace,
+    addr: u64,
+    ctx: BatchContext,
+) -> Result<Step> {
+    let w = WalkedCommand {
+        cmd,
+        space,
+        addr,
+        ctx,
+        wrap: None,
+    };
+    visit(&w)?;
+    let hook = w.cmd.desc.hook;
+    let target = match hook {
+        Hook::BatchStart => bb_target(&w.cmd, &ctx),
+        _ => (AddressSpace::Ggtt, 0),
+    };
+    Ok(Step {
+        len: w.cmd.len(),
+        hook,
+        target,
+        second_level: w.cmd.is_second_level_call(),
+    })
+}
+
 /// Largest command: a 16-bit length field plus bias.
 const MAX_CMD_DWORDS: usize = (1 << 16) + 2;
 
 impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
     fn charge(&mut self, dwords: usize) -> Result<()> {
-        self.sum.commands += 1;
-        if self.sum.commands > self.budget.max_commands {
-            return Err(WalkError::Budget {
-                what: "commands",
-                limit: self.budget.max_commands,
-            });
-        }
-        self.sum.bytes = self
-            .sum
-            .bytes
-            .saturating_add((dwords as u64).saturating_mul(4));
-        if self.sum.bytes > self.budget.max_batch_bytes {
-            return Err(WalkError::Budget {
-                what: "batch bytes",
-                limit: self.budget.max_batch_bytes,
-            });
-        }
-        Ok(())
+        charge(&mut self.sum, &self.budget, dwords)
     }
 
     fn start_batch(&mut self) -> Result<()> {
@@ -258,14 +306,6 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             });
         }
         Ok(())
-    }
-
-    /// Target of a BB_START: (space, address).
-    fn bb_target(cmd: &Decoded<'_>, ctx: &BatchContext) -> (AddressSpace, u64) {
-        match cmd.addresses(ctx).next() {
-            Some(u) => (u.space, u.addr),
-            None => (AddressSpace::Ggtt, 0),
-        }
     }
 
     /// Reads dwords at `addr` (4-byte aligned) through a one-page cache: batches are read a
@@ -351,6 +391,71 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         Ok(len)
     }
 
+    /// Decodes, charges and visits the command at `addr`. A command inside the cached page is
+    /// decoded where it lies (no copy, one table lookup); one that crosses a page, or sits where
+    /// no page could be cached, goes through [`Walker::fetch`]'s copy.
+    fn step(
+        &mut self,
+        space: AddressSpace,
+        addr: u64,
+        offset: usize,
+        ctx: BatchContext,
+    ) -> Result<Step> {
+        if let Some(len) = self.cached_command_len(space, addr, offset)? {
+            let bytes = (len as u64) * 4;
+            if self.sum.bytes.saturating_add(bytes) > self.budget.max_batch_bytes {
+                return Err(WalkError::Budget {
+                    what: "batch bytes",
+                    limit: self.budget.max_batch_bytes,
+                });
+            }
+            let first = ((addr % GTT_PAGE_SIZE) / 4) as usize;
+            let rest = self.page.get(first..first + len).unwrap_or(&[]);
+            let cmd = crate::decode::decode_one(self.gen, self.engine, rest, offset)
+                .map_err(|err| WalkError::Decode { space, addr, err })?;
+            charge(&mut self.sum, &self.budget, cmd.len())?;
+            return visit_one(self.visit, cmd, space, addr, ctx);
+        }
+        self.fetch(space, addr, offset)?;
+        let buf = core::mem::take(&mut self.buf);
+        let r = crate::decode::decode_one(self.gen, self.engine, &buf, offset)
+            .map_err(|err| WalkError::Decode { space, addr, err })
+            .and_then(|cmd| {
+                charge(&mut self.sum, &self.budget, cmd.len())?;
+                visit_one(self.visit, cmd, space, addr, ctx)
+            });
+        self.buf = buf;
+        r
+    }
+
+    /// The length of the command at `addr` when the page it starts in is (now) cached and holds
+    /// all of it; `None` otherwise. An unknown opcode is the error [`Walker::fetch`] would give.
+    fn cached_command_len(
+        &mut self,
+        space: AddressSpace,
+        addr: u64,
+        offset: usize,
+    ) -> Result<Option<usize>> {
+        if !addr.is_multiple_of(4) {
+            return Ok(None);
+        }
+        let mut dw0 = [0u32; 1];
+        self.read(space, addr, &mut dw0)?;
+        let page = addr & !(GTT_PAGE_SIZE - 1);
+        if self.page_at != Some((space, page)) {
+            return Ok(None);
+        }
+        let dw0 = dw0[0];
+        let desc = table::lookup(self.gen, self.engine, dw0).ok_or(WalkError::Decode {
+            space,
+            addr,
+            err: DecodeError::UnknownOpcode { offset, dw0 },
+        })?;
+        let len = desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS);
+        let first = ((addr - page) / 4) as usize;
+        Ok((first + len <= self.page.len()).then_some(len))
+    }
+
     /// Walks a batch from `addr` until it returns. `ctx.level` is First or Second.
     fn batch(
         &mut self,
@@ -362,39 +467,23 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         let mut start = addr;
         loop {
             let offset = usize::try_from(addr.wrapping_sub(start) / 4).unwrap_or(usize::MAX);
-            self.fetch(space, addr, offset)?;
-            let buf = core::mem::take(&mut self.buf);
-            let cmd = crate::decode::decode_one(self.gen, self.engine, &buf, offset)
-                .map_err(|err| WalkError::Decode { space, addr, err })?;
-            self.charge(cmd.len())?;
-            let w = WalkedCommand {
-                cmd,
-                space,
-                addr,
-                ctx,
-                wrap: None,
-            };
-            (self.visit)(&w)?;
+            let step = self.step(space, addr, offset, ctx)?;
             let next = addr
-                .checked_add((cmd.len() as u64) * 4)
+                .checked_add((step.len as u64) * 4)
                 .ok_or(MemoryError::Overflow {
                     space,
                     addr,
-                    len: cmd.len() * 4,
+                    len: step.len * 4,
                 })?;
-            match cmd.desc.hook {
-                Hook::BatchEnd => {
-                    self.buf = buf;
-                    return Ok(());
-                }
+            match step.hook {
+                Hook::BatchEnd => return Ok(()),
                 Hook::BatchStart => {
                     if ctx.level == BatchLevel::Second {
                         return Err(WalkError::Nesting { space, addr });
                     }
-                    let (tspace, taddr) = Self::bb_target(&cmd, &ctx);
-                    if cmd.is_second_level_call() {
+                    let (tspace, taddr) = step.target;
+                    if step.second_level {
                         let child = BatchContext::batch(BatchLevel::Second, tspace, ctx);
-                        self.buf = buf;
                         self.batch(tspace, taddr, child)?;
                         addr = next;
                     } else {
@@ -404,13 +493,11 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
                         space = tspace;
                         addr = taddr;
                         start = taddr;
-                        self.buf = buf;
                     }
                     continue;
                 }
                 _ => {}
             }
-            self.buf = buf;
             addr = next;
         }
     }
@@ -482,7 +569,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
                         addr,
                     });
                 }
-                let (tspace, taddr) = Self::bb_target(&cmd, &ctx);
+                let (tspace, taddr) = bb_target(&cmd, &ctx);
                 self.batch(tspace, taddr, BatchContext::first_level(tspace))?;
             }
             pos += cmd.len();
