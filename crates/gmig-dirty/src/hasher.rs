@@ -56,6 +56,50 @@ pub enum HashError {
 /// Module result type.
 pub type Result<T> = std::result::Result<T, HashError>;
 
+/// The buffers a re-hash works in ([`Hasher::diff_into`]): the pages to visit and the dirty
+/// bitmap, each one bit (or word) per page of the snapshot's span.
+#[derive(Debug, Clone)]
+pub struct DiffScratch {
+    work: Vec<u64>,
+    out: DirtyBitmap,
+}
+
+impl DiffScratch {
+    fn new(snap: &HashSnapshot, touch: bool) -> Result<DiffScratch> {
+        let tracked = snap.tracked();
+        let mut s = DiffScratch {
+            work: vec![0; tracked.words().len()],
+            out: DirtyBitmap::new(tracked.base(), tracked.span_pages())?,
+        };
+        if touch {
+            // Zeroed allocations may be untouched pages: write one word per page so that each
+            // is really there now (through black_box, so the store is not elided).
+            let step = crate::PAGE_SIZE / 8;
+            for w in s.work.iter_mut().step_by(step) {
+                *std::hint::black_box(w) = 0;
+            }
+            for w in s.out.words_mut().iter_mut().step_by(step) {
+                *std::hint::black_box(w) = 0;
+            }
+        }
+        Ok(s)
+    }
+
+    /// Buffers for re-hashing against `snap`, allocated and backed with memory now (before the
+    /// downtime that uses them).
+    ///
+    /// # Errors
+    /// The snapshot's span does not fit in memory.
+    pub fn prepared(snap: &HashSnapshot) -> Result<DiffScratch> {
+        DiffScratch::new(snap, true)
+    }
+
+    /// The pages the last [`Hasher::diff_into`] found dirty.
+    pub fn dirty(&self) -> &DirtyBitmap {
+        &self.out
+    }
+}
+
 /// Chunks per thread: enough for work stealing to balance, few enough to keep chunks sequential.
 const TASKS_PER_THREAD: usize = 4;
 /// Smallest chunk worth a task (1 MiB of pages).
@@ -419,21 +463,51 @@ impl Hasher {
         candidates: Option<&DirtyBitmap>,
         sink: &(dyn Fn(&[Gfn]) + Sync),
     ) -> Result<DirtyBitmap> {
+        let mut scratch = DiffScratch::new(snap, false)?;
+        self.diff_into(mem, snap, candidates, sink, &mut scratch)?;
+        Ok(scratch.out)
+    }
+
+    /// [`Hasher::diff_with`] into buffers made beforehand ([`DiffScratch::prepared`]): what a
+    /// re-hash in downtime uses, so that it allocates and first-touches no memory there (on a
+    /// thread of its own that would come from a fresh malloc arena, page by page). The dirty
+    /// pages end up in [`DiffScratch::dirty`].
+    ///
+    /// # Errors
+    /// `scratch` was made for a snapshot of another span (`Bitmap`), or as [`Hasher::diff_with`].
+    pub fn diff_into(
+        &self,
+        mem: &GuestPages<'_>,
+        snap: &HashSnapshot,
+        candidates: Option<&DirtyBitmap>,
+        sink: &(dyn Fn(&[Gfn]) + Sync),
+        scratch: &mut DiffScratch,
+    ) -> Result<()> {
         let tracked = snap.tracked();
         let recorded = snap.recorded();
         let ranks = snap.ranks();
         let hashes = snap.hashes();
         let samples = snap.samples();
         let kernel = self.kernel;
+        if scratch.out.base() != tracked.base()
+            || scratch.out.span_pages() != tracked.span_pages()
+            || scratch.work.len() != tracked.words().len()
+        {
+            return Err(HashError::Bitmap(BitmapError::WrongWordCount {
+                pages: tracked.span_pages(),
+                expected: tracked.words().len(),
+                got: scratch.work.len(),
+            }));
+        }
         // Pages to visit: tracked ∧ (unrecorded ∨ candidate).
-        let work: Vec<u64> = (0..tracked.words().len())
-            .map(|k| {
-                let cand = candidates.map_or(u64::MAX, |c| tracked.foreign_word(c, k));
-                tracked.words()[k] & (!recorded.words()[k] | cand)
-            })
-            .collect();
-        let mut out = DirtyBitmap::new(tracked.base(), tracked.span_pages())?;
-        let plan = self.plan(&work);
+        for (k, w) in scratch.work.iter_mut().enumerate() {
+            let cand = candidates.map_or(u64::MAX, |c| tracked.foreign_word(c, k));
+            *w = tracked.words()[k] & (!recorded.words()[k] | cand);
+        }
+        let work = &scratch.work;
+        let out = &mut scratch.out;
+        out.clear_all();
+        let plan = self.plan(work);
         let mut tasks = Vec::with_capacity(plan.len());
         {
             let mut rest: &mut [u64] = &mut out.words_mut();
@@ -492,7 +566,7 @@ impl Hasher {
                     })
             })?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// How many times at most [`Hasher::diff_with`] calls its sink when it finds `dirty` pages:

@@ -68,7 +68,7 @@ pub mod hasher;
 pub mod memory;
 pub mod snapshot;
 
-pub use hasher::{HashError, Hasher, HasherOptions};
+pub use hasher::{DiffScratch, HashError, Hasher, HasherOptions};
 pub use memory::GuestPages;
 pub use snapshot::HashSnapshot;
 

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gmig_dirty::{
-    DirtyBitmap, Gfn, GuestPages, HashSnapshot, Hasher, HasherOptions, Kernel, PageKind, PAGE_SIZE,
+    DiffScratch, DirtyBitmap, Gfn, GuestPages, HashSnapshot, Hasher, HasherOptions, Kernel,
+    PageKind, PAGE_SIZE,
 };
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -159,6 +160,14 @@ proptest! {
             let got: BTreeSet<Gfn> = got.iter().collect();
             prop_assert_eq!(&got, &expect, "{:?}", k);
             prop_assert_eq!(&*streamed.lock().unwrap(), &expect);
+            // Into buffers made beforehand: the same pages; reused, nothing of the last run stays.
+            let mut scratch = DiffScratch::prepared(&snap).unwrap();
+            h.diff_into(&pages, &snap, None, &|_| {}, &mut scratch).unwrap();
+            let into: BTreeSet<Gfn> = scratch.dirty().iter().collect();
+            prop_assert_eq!(&into, &expect);
+            let none = DirtyBitmap::new(frames.base(), frames.span_pages()).unwrap();
+            h.diff_into(&pages, &snap, Some(&none), &|_| {}, &mut scratch).unwrap();
+            prop_assert_eq!(scratch.dirty().count(), 0);
             // Undo the writes for the next kernel.
             for (i, g) in all.iter().enumerate() {
                 mem.write_slice(&before[i], g.addr().unwrap()).unwrap();
@@ -375,6 +384,20 @@ fn count_zero_counts_exactly_the_all_zero_pages_it_is_given() {
     let mut hole = DirtyBitmap::new(all.base(), all.span_pages()).unwrap();
     hole.set(Gfn(0x200)).unwrap();
     assert!(h.count_zero(&pages, &hole).is_err());
+}
+
+#[test]
+fn diff_into_refuses_buffers_made_for_another_span() {
+    let mem = guest(64, 0);
+    let pages = GuestPages::new(&mem).unwrap();
+    let h = Hasher::new(1).unwrap();
+    let frames = pages.frames().unwrap();
+    let snap = HashSnapshot::new(frames.clone()).unwrap();
+    let smaller = HashSnapshot::new(DirtyBitmap::new(frames.base(), 8).unwrap()).unwrap();
+    let mut scratch = DiffScratch::prepared(&smaller).unwrap();
+    assert!(h
+        .diff_into(&pages, &snap, None, &|_| {}, &mut scratch)
+        .is_err());
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gmig_dirty::{DirtyBitmap, GuestPages, HashSnapshot, Hasher};
+use gmig_dirty::{DiffScratch, DirtyBitmap, GuestPages, HashSnapshot, Hasher};
 use gmig_vfio_migration::{
     ArcFailure, ArcResult, DeviceError, DirtyLogging, MigrationDevice, MigrationFeatures,
     PrecopyInfo, RunControl, StateLoader, StateSaver,
@@ -69,6 +69,8 @@ pub struct SourceDevice<V: MigratableVm> {
     out_pos: usize,
     guest_pages: u64,
     snap: Option<HashSnapshot>,
+    /// The downtime re-hash's buffers, made when pre-copy starts (see [`DiffScratch`]).
+    scratch_diff: Option<DiffScratch>,
     queue: VecDeque<Gfn>,
     first_pass_left: u64,
     batch: PageBatch,
@@ -138,6 +140,7 @@ impl<V: MigratableVm> SourceDevice<V> {
             out_pos: 0,
             guest_pages: 0,
             snap: None,
+            scratch_diff: None,
             queue: VecDeque::new(),
             first_pass_left: 0,
             batch: PageBatch::with_capacity(batch_pages),
@@ -186,6 +189,7 @@ impl<V: MigratableVm> SourceDevice<V> {
         self.tail = Vec::new();
         self.out_pos = 0;
         self.snap = None;
+        self.scratch_diff = None;
         self.queue.clear();
         self.batch.clear();
         self.states = None;
@@ -407,6 +411,7 @@ impl<V: MigratableVm> SourceDevice<V> {
 
         let mem = self.vm.memory().clone();
         let hasher = Arc::clone(&self.hasher);
+        let scratch = self.scratch_diff.take();
         let (tx, rx) = sync_channel::<Vec<Gfn>>(4096);
         let thread = std::thread::spawn(move || -> PipelineResult {
             let t = Instant::now();
@@ -415,10 +420,19 @@ impl<V: MigratableVm> SourceDevice<V> {
                 // A failed send means the session was aborted; the diff just runs out.
                 let _ = tx.send(found.iter().map(|g| Gfn(g.0)).collect());
             };
-            let dirty = hasher
-                .diff_with(&pages, &snap, candidates.as_ref(), &sink)
-                .map_err(|e| failed("re-hash", e))?;
-            Ok((t.elapsed().as_nanos() as u64, dirty.count()))
+            let dirty = match scratch {
+                Some(mut scratch) => {
+                    hasher
+                        .diff_into(&pages, &snap, candidates.as_ref(), &sink, &mut scratch)
+                        .map_err(|e| failed("re-hash", e))?;
+                    scratch.dirty().count()
+                }
+                None => hasher
+                    .diff_with(&pages, &snap, candidates.as_ref(), &sink)
+                    .map_err(|e| failed("re-hash", e))?
+                    .count(),
+            };
+            Ok((t.elapsed().as_nanos() as u64, dirty))
         });
         self.pipeline = Some(Pipeline { rx, thread });
         self.phase = Phase::StopCopy;
@@ -729,6 +743,11 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
             bitmap_of(self.guest_pages, pages.iter().copied()).map_err(ArcFailure::rolled_back)?;
         let snap = HashSnapshot::new(tracked)
             .map_err(|e| ArcFailure::rolled_back(failed("snapshot", e)))?;
+        // Made and backed now: the re-hash thread would otherwise fault them in during downtime.
+        self.scratch_diff = Some(
+            DiffScratch::prepared(&snap)
+                .map_err(|e| ArcFailure::rolled_back(failed("re-hash buffers", e)))?,
+        );
         self.snap = Some(snap);
         self.vm.start_write_tracking();
         let early = self
