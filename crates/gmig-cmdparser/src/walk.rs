@@ -361,22 +361,8 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
                 reason: "command address is not dword aligned",
             });
         }
-        let mut dw0 = [0u32; 1];
-        self.read(space, addr, &mut dw0)?;
-        let dw0 = dw0[0];
-        let desc = table::lookup(self.gen, self.engine, dw0).ok_or(WalkError::Decode {
-            space,
-            addr,
-            err: DecodeError::UnknownOpcode { offset, dw0 },
-        })?;
-        let len = desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS);
-        let bytes = (len as u64) * 4;
-        if self.sum.bytes.saturating_add(bytes) > self.budget.max_batch_bytes {
-            return Err(WalkError::Budget {
-                what: "batch bytes",
-                limit: self.budget.max_batch_bytes,
-            });
-        }
+        let len = self.command_len(space, addr, offset)?;
+        let bytes = self.room_for(len)?;
         addr.checked_add(bytes).ok_or(MemoryError::Overflow {
             space,
             addr,
@@ -402,13 +388,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         ctx: BatchContext,
     ) -> Result<Step> {
         if let Some(len) = self.cached_command_len(space, addr, offset)? {
-            let bytes = (len as u64) * 4;
-            if self.sum.bytes.saturating_add(bytes) > self.budget.max_batch_bytes {
-                return Err(WalkError::Budget {
-                    what: "batch bytes",
-                    limit: self.budget.max_batch_bytes,
-                });
-            }
+            self.room_for(len)?;
             let first = ((addr % GTT_PAGE_SIZE) / 4) as usize;
             let rest = self.page.get(first..first + len).unwrap_or(&[]);
             let cmd = crate::decode::decode_one(self.gen, self.engine, rest, offset)
@@ -439,21 +419,39 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         if !addr.is_multiple_of(4) {
             return Ok(None);
         }
-        let mut dw0 = [0u32; 1];
-        self.read(space, addr, &mut dw0)?;
+        let len = self.command_len(space, addr, offset)?;
         let page = addr & !(GTT_PAGE_SIZE - 1);
         if self.page_at != Some((space, page)) {
             return Ok(None);
         }
+        let first = ((addr - page) / 4) as usize;
+        Ok((first + len <= self.page.len()).then_some(len))
+    }
+
+    /// Reads the DW0 at `addr` (caching its page when it can) and returns the command's length
+    /// in dwords; an unknown opcode is a decode error.
+    fn command_len(&mut self, space: AddressSpace, addr: u64, offset: usize) -> Result<usize> {
+        let mut dw0 = [0u32; 1];
+        self.read(space, addr, &mut dw0)?;
         let dw0 = dw0[0];
         let desc = table::lookup(self.gen, self.engine, dw0).ok_or(WalkError::Decode {
             space,
             addr,
             err: DecodeError::UnknownOpcode { offset, dw0 },
         })?;
-        let len = desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS);
-        let first = ((addr - page) / 4) as usize;
-        Ok((first + len <= self.page.len()).then_some(len))
+        Ok(desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS))
+    }
+
+    /// Checks that a command of `len` dwords fits the batch-bytes budget; returns its bytes.
+    fn room_for(&self, len: usize) -> Result<u64> {
+        let bytes = (len as u64) * 4;
+        if self.sum.bytes.saturating_add(bytes) > self.budget.max_batch_bytes {
+            return Err(WalkError::Budget {
+                what: "batch bytes",
+                limit: self.budget.max_batch_bytes,
+            });
+        }
+        Ok(bytes)
     }
 
     /// Walks a batch from `addr` until it returns. `ctx.level` is First or Second.
