@@ -152,14 +152,18 @@ impl Ggtt {
         let Some((hidden, i)) = self.slot(slices, off) else {
             return false;
         };
-        if !self.set_entry(slices, off, pte) {
+        let slot = if hidden { self.aperture.len() + i } else { i };
+        let table = if hidden {
+            &mut self.hidden
+        } else {
+            &mut self.aperture
+        };
+        let Some(e) = table.get_mut(i) else {
             return false;
-        }
-        if let Some(log) = log {
-            let slot = if hidden { self.aperture.len() + i } else { i };
-            if let Ok(slot) = u32::try_from(slot) {
-                log.mark(slot);
-            }
+        };
+        *e = pte;
+        if let (Some(log), Ok(slot)) = (log, u32::try_from(slot)) {
+            log.mark(slot);
         }
         true
     }
@@ -188,21 +192,7 @@ impl Ggtt {
 
     /// Sets the entry for `off`; `false` when `off` is outside `slices`.
     pub fn set_entry(&mut self, slices: &VgpuSlices, off: GgttOffset, pte: u64) -> bool {
-        let Some((hidden, i)) = self.slot(slices, off) else {
-            return false;
-        };
-        let table = if hidden {
-            &mut self.hidden
-        } else {
-            &mut self.aperture
-        };
-        match table.get_mut(i) {
-            Some(e) => {
-                *e = pte;
-                true
-            }
-            None => false,
-        }
+        self.set_entry_logged(slices, off, pte, None)
     }
 
     /// Translates a GGTT offset to guest-physical memory.

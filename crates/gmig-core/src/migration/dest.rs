@@ -228,7 +228,7 @@ impl<F: VmFactory> DestDevice<F> {
                     })?;
                 self.states.push((kind, payload));
                 let frames = self.factory.take_prefault_frames();
-                if let Some(mem) = &self.memory {
+                if let (Some(mem), false) = (&self.memory, frames.is_empty()) {
                     let n = prefault(mem, &frames);
                     tracing::debug!(
                         frames = frames.len(),
