@@ -576,6 +576,20 @@ fn decode_with(
     let desc = table
         .lookup(dw0)
         .ok_or(DecodeError::UnknownOpcode { offset, dw0 })?;
+    decode_desc(desc, gen, engine, rest, offset)
+}
+
+/// Decodes the command at the start of `rest` (not empty) whose row `desc` the caller has looked
+/// up from its DW0.
+#[inline]
+pub(crate) fn decode_desc<'a>(
+    desc: &'static table::CommandDesc,
+    gen: Gen,
+    engine: Engine,
+    rest: &'a [u32],
+    offset: usize,
+) -> Result<Decoded<'a>, DecodeError> {
+    let dw0 = rest.first().copied().unwrap_or(0);
     let len = desc.len_of(dw0);
     let bad = |len| DecodeError::BadLength {
         offset,

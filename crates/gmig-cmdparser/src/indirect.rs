@@ -503,14 +503,13 @@ impl IndirectState {
 
     /// Records a state command; `true` when `d` was one (state commands write no memory).
     fn observe(&mut self, d: &Decoded<'_>) -> bool {
-        match role(d.desc) {
-            Role::Work => return false,
+        let obs = match role(d.desc) {
+            Role::Work(_) => return false,
             Role::Plain => return self.observe_plain(d),
-            Role::Named => {}
-        }
-        let name = d.desc.name;
-        match name {
-            "STATE_BASE_ADDRESS" => {
+            Role::Named(obs) => obs,
+        };
+        match obs {
+            Obs::StateBaseAddress => {
                 let base = |lo: usize, size_dw: Option<usize>| -> Option<Base> {
                     bit(dw(d, lo), 0).then(|| Base {
                         addr: addr64(dw(d, lo), dw(d, lo + 1), 12),
@@ -539,25 +538,14 @@ impl IndirectState {
                 }
                 true
             }
-            "3DSTATE_BINDING_TABLE_POOL_ALLOC" => {
+            Obs::BindingTablePool => {
                 self.bt_pool = Some(bit(dw(d, 1), 11).then(|| Base {
                     addr: addr64(dw(d, 1), dw(d, 2), 12),
                     size: Some(bits(dw(d, 3), 12, 20) * 4096),
                 }));
                 true
             }
-            "3DSTATE_BINDING_TABLE_POINTERS_VS"
-            | "3DSTATE_BINDING_TABLE_POINTERS_HS"
-            | "3DSTATE_BINDING_TABLE_POINTERS_DS"
-            | "3DSTATE_BINDING_TABLE_POINTERS_GS"
-            | "3DSTATE_BINDING_TABLE_POINTERS_PS" => {
-                let stage = match &name[name.len() - 2..] {
-                    "VS" => Stage::Vs,
-                    "HS" => Stage::Hs,
-                    "DS" => Stage::Ds,
-                    "GS" => Stage::Gs,
-                    _ => Stage::Ps,
-                };
+            Obs::BindingTable(stage) => {
                 // Bits 15:5 on GEN8–9; GEN11's pool lets the pointer use bits 20:5.
                 let mask = if self.gen == Gen::Gen11 {
                     0x1f_ffe0
@@ -567,26 +555,21 @@ impl IndirectState {
                 self.bt[stage.index()] = Some(u64::from(dw(d, 1) & mask));
                 true
             }
-            "3DSTATE_VS" | "3DSTATE_GS" | "3DSTATE_DS" => {
-                let stage = match name {
-                    "3DSTATE_VS" => Stage::Vs,
-                    "3DSTATE_GS" => Stage::Gs,
-                    _ => Stage::Ds,
-                };
+            Obs::Shader(stage) => {
                 self.stages[stage.index()] = Some(StageState {
                     enabled: bit(dw(d, 7), 0),
                     ksp: [Some(addr64(dw(d, 1), dw(d, 2), 6)), None, None],
                 });
                 true
             }
-            "3DSTATE_HS" => {
+            Obs::Hull => {
                 self.stages[Stage::Hs.index()] = Some(StageState {
                     enabled: bit(dw(d, 2), 31),
                     ksp: [Some(addr64(dw(d, 3), dw(d, 4), 6)), None, None],
                 });
                 true
             }
-            "3DSTATE_PS" => {
+            Obs::Pixel => {
                 let k = |i: usize| addr64(dw(d, i), dw(d, i + 1), 6);
                 self.stages[Stage::Ps.index()] = Some(StageState {
                     enabled: dw(d, 6) & 7 != 0,
@@ -599,7 +582,7 @@ impl IndirectState {
                 });
                 true
             }
-            "3DSTATE_DEPTH_BUFFER" => {
+            Obs::Depth => {
                 let d1 = dw(d, 1);
                 let pitch = bits(d1, 0, 18) + 1;
                 let height = bits(dw(d, 4), 18, 14) + 1;
@@ -621,27 +604,27 @@ impl IndirectState {
                 });
                 true
             }
-            "3DSTATE_STENCIL_BUFFER" | "3DSTATE_HIER_DEPTH_BUFFER" => {
+            Obs::Stencil | Obs::HierDepth => {
                 let pitch = bits(dw(d, 1), 0, 17) + 1;
                 let addr = addr64(dw(d, 2), dw(d, 3), 0);
-                let on = if name == "3DSTATE_STENCIL_BUFFER" {
+                let on = if obs == Obs::Stencil {
                     bit(dw(d, 1), 31)
                 } else {
                     addr != 0
                 };
                 let v = Some(on.then_some((addr, pitch)));
-                if name == "3DSTATE_STENCIL_BUFFER" {
+                if obs == Obs::Stencil {
                     self.stencil = v;
                 } else {
                     self.hiz = v;
                 }
                 true
             }
-            "3DSTATE_STREAMOUT" => {
+            Obs::StreamOut => {
                 self.streamout = Some(bit(dw(d, 1), 31));
                 true
             }
-            "3DSTATE_SO_BUFFER" => {
+            Obs::SoBuffer => {
                 let d1 = dw(d, 1);
                 let index = bits(d1, 29, 2) as usize;
                 self.so[index] = bit(d1, 31).then(|| {
@@ -655,16 +638,12 @@ impl IndirectState {
             }
             // Media pipe state: scratch (reached only through kernels' scratch messages), CURBE
             // and gateway state write nothing.
-            "MEDIA_VFE_STATE"
-            | "MEDIA_CURBE_LOAD"
-            | "MEDIA_GATEWAY_STATE"
-            | "MEDIA_STATE_FLUSH"
-            | "MEDIA_POOL_STATE" => true,
-            "MEDIA_INTERFACE_DESCRIPTOR_LOAD" => {
+            Obs::MediaWritesNothing => true,
+            Obs::InterfaceDescriptors => {
                 self.idd = Some((u64::from(dw(d, 3)), bits(dw(d, 2), 0, 17)));
                 true
             }
-            "MFX_SURFACE_STATE" => {
+            Obs::MfxSurface => {
                 let width = bits(dw(d, 2), 4, 14) + 1;
                 let height = bits(dw(d, 2), 18, 14) + 1;
                 let pitch = bits(dw(d, 3), 3, 17) + 1;
@@ -676,7 +655,7 @@ impl IndirectState {
                 });
                 true
             }
-            "MFX_PIPE_BUF_ADDR_STATE" => {
+            Obs::MfxPipeBuffers => {
                 // Pre- and post-deblocking destinations (DW1, DW4), stream-out (DW10), the
                 // intra and deblocking row stores (DW13, DW16); everything after DW19 is read
                 // (reference pictures) except the status / ILDB stream-out buffers.
@@ -686,18 +665,17 @@ impl IndirectState {
                 self.mfx_other_writes = at(10) != 0 || (52..d.len()).any(|i| dw(d, i) & !0x3f != 0);
                 true
             }
-            "MFX_BSP_BUF_BASE_ADDR_STATE" => {
+            Obs::MfxBspBuffers => {
                 let at = |i: usize| addr64(dw(d, i), dw(d, i + 1), 6);
                 self.mfx_row_store
                     .extend([1, 4].into_iter().map(at).filter(|a| *a != 0));
                 true
             }
-            "MFX_IND_OBJ_BASE_ADDR_STATE" => {
+            Obs::MfxIndirectObjects => {
                 let a = addr64(dw(d, 1), dw(d, 2), 12);
                 self.mfx_bitstream = (a != 0).then_some(a);
                 true
             }
-            _ => self.observe_plain(d),
         }
     }
 
@@ -706,7 +684,7 @@ impl IndirectState {
     fn observe_plain(&mut self, d: &Decoded<'_>) -> bool {
         use crate::table::Class;
         let class = d.desc.class;
-        if class == Class::Mi || is_work(d.desc.name) {
+        if class == Class::Mi {
             return false;
         }
         if matches!(class, Class::Mfx | Class::Vebox) {
@@ -726,26 +704,21 @@ impl IndirectState {
 
     /// The footprint of a work command; `None` for everything else.
     fn footprint(&self, d: &Decoded<'_>, mem: &dyn GpuMemory) -> Option<Footprint> {
-        if role(d.desc) != Role::Work {
+        let Role::Work(work) = role(d.desc) else {
             return None;
-        }
-        let name = d.desc.name;
+        };
         let mut fp = Footprint::default();
-        match name {
-            "3DPRIMITIVE" => self.draw(&mut fp, mem),
-            "3DSTATE_WM_HZ_OP" => self.depth_surfaces(&mut fp, true),
-            "GPGPU_WALKER"
-            | "MEDIA_OBJECT"
-            | "MEDIA_OBJECT_WALKER"
-            | "MEDIA_OBJECT_PRT"
-            | "MEDIA_OBJECT_GRPID" => {
-                self.dispatch(&mut fp, u64::from(dw(d, 1) & 0x3f), mem);
+        match work {
+            Work::Draw => self.draw(&mut fp, mem),
+            Work::DepthOp => self.depth_surfaces(&mut fp, true),
+            Work::Dispatch => self.dispatch(&mut fp, u64::from(dw(d, 1) & 0x3f), mem),
+            Work::Decode => self.decode(&mut fp),
+            Work::Unmodelled => {
+                fp.widen(format!(
+                    "{}: its write targets are not modelled",
+                    d.desc.name
+                ));
             }
-            _ if name.starts_with("MFD_") && name.ends_with("_BSD_OBJECT") => self.decode(&mut fp),
-            _ if is_work(name) => {
-                fp.widen(format!("{name}: its write targets are not modelled"));
-            }
-            _ => return None,
         }
         Some(fp)
     }
@@ -1088,53 +1061,118 @@ impl IndirectState {
     }
 }
 
-/// The state commands [`IndirectState::observe`] records (each has an arm there).
-const OBSERVED: &[&str] = &[
-    "STATE_BASE_ADDRESS",
-    "3DSTATE_BINDING_TABLE_POOL_ALLOC",
-    "3DSTATE_BINDING_TABLE_POINTERS_VS",
-    "3DSTATE_BINDING_TABLE_POINTERS_HS",
-    "3DSTATE_BINDING_TABLE_POINTERS_DS",
-    "3DSTATE_BINDING_TABLE_POINTERS_GS",
-    "3DSTATE_BINDING_TABLE_POINTERS_PS",
-    "3DSTATE_VS",
-    "3DSTATE_HS",
-    "3DSTATE_DS",
-    "3DSTATE_GS",
-    "3DSTATE_PS",
-    "3DSTATE_DEPTH_BUFFER",
-    "3DSTATE_STENCIL_BUFFER",
-    "3DSTATE_HIER_DEPTH_BUFFER",
-    "3DSTATE_STREAMOUT",
-    "3DSTATE_SO_BUFFER",
-    "MEDIA_VFE_STATE",
-    "MEDIA_CURBE_LOAD",
-    "MEDIA_GATEWAY_STATE",
-    "MEDIA_STATE_FLUSH",
-    "MEDIA_POOL_STATE",
-    "MEDIA_INTERFACE_DESCRIPTOR_LOAD",
-    "MFX_SURFACE_STATE",
-    "MFX_PIPE_BUF_ADDR_STATE",
-    "MFX_BSP_BUF_BASE_ADDR_STATE",
-    "MFX_IND_OBJ_BASE_ADDR_STATE",
+/// What [`IndirectState::observe`] records from a state command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Obs {
+    StateBaseAddress,
+    BindingTablePool,
+    BindingTable(Stage),
+    /// 3DSTATE_VS, 3DSTATE_DS or 3DSTATE_GS.
+    Shader(Stage),
+    Hull,
+    Pixel,
+    Depth,
+    Stencil,
+    HierDepth,
+    StreamOut,
+    SoBuffer,
+    /// Media pipe state: scratch (reached only through kernels' scratch messages), CURBE and
+    /// gateway state write nothing.
+    MediaWritesNothing,
+    InterfaceDescriptors,
+    MfxSurface,
+    MfxPipeBuffers,
+    MfxBspBuffers,
+    MfxIndirectObjects,
+}
+
+/// The state commands [`IndirectState::observe`] records, and what it records of each.
+const OBSERVED: &[(&str, Obs)] = &[
+    ("STATE_BASE_ADDRESS", Obs::StateBaseAddress),
+    ("3DSTATE_BINDING_TABLE_POOL_ALLOC", Obs::BindingTablePool),
+    (
+        "3DSTATE_BINDING_TABLE_POINTERS_VS",
+        Obs::BindingTable(Stage::Vs),
+    ),
+    (
+        "3DSTATE_BINDING_TABLE_POINTERS_HS",
+        Obs::BindingTable(Stage::Hs),
+    ),
+    (
+        "3DSTATE_BINDING_TABLE_POINTERS_DS",
+        Obs::BindingTable(Stage::Ds),
+    ),
+    (
+        "3DSTATE_BINDING_TABLE_POINTERS_GS",
+        Obs::BindingTable(Stage::Gs),
+    ),
+    (
+        "3DSTATE_BINDING_TABLE_POINTERS_PS",
+        Obs::BindingTable(Stage::Ps),
+    ),
+    ("3DSTATE_VS", Obs::Shader(Stage::Vs)),
+    ("3DSTATE_HS", Obs::Hull),
+    ("3DSTATE_DS", Obs::Shader(Stage::Ds)),
+    ("3DSTATE_GS", Obs::Shader(Stage::Gs)),
+    ("3DSTATE_PS", Obs::Pixel),
+    ("3DSTATE_DEPTH_BUFFER", Obs::Depth),
+    ("3DSTATE_STENCIL_BUFFER", Obs::Stencil),
+    ("3DSTATE_HIER_DEPTH_BUFFER", Obs::HierDepth),
+    ("3DSTATE_STREAMOUT", Obs::StreamOut),
+    ("3DSTATE_SO_BUFFER", Obs::SoBuffer),
+    ("MEDIA_VFE_STATE", Obs::MediaWritesNothing),
+    ("MEDIA_CURBE_LOAD", Obs::MediaWritesNothing),
+    ("MEDIA_GATEWAY_STATE", Obs::MediaWritesNothing),
+    ("MEDIA_STATE_FLUSH", Obs::MediaWritesNothing),
+    ("MEDIA_POOL_STATE", Obs::MediaWritesNothing),
+    ("MEDIA_INTERFACE_DESCRIPTOR_LOAD", Obs::InterfaceDescriptors),
+    ("MFX_SURFACE_STATE", Obs::MfxSurface),
+    ("MFX_PIPE_BUF_ADDR_STATE", Obs::MfxPipeBuffers),
+    ("MFX_BSP_BUF_BASE_ADDR_STATE", Obs::MfxBspBuffers),
+    ("MFX_IND_OBJ_BASE_ADDR_STATE", Obs::MfxIndirectObjects),
 ];
+
+/// The kinds of work command a footprint is derived for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    /// 3DPRIMITIVE.
+    Draw,
+    /// 3DSTATE_WM_HZ_OP.
+    DepthOp,
+    /// GPGPU_WALKER and the MEDIA_OBJECT family.
+    Dispatch,
+    /// MFD_*_BSD_OBJECT.
+    Decode,
+    /// Work whose write targets are not modelled.
+    Unmodelled,
+}
 
 /// What a command is to the indirect state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
     /// State [`IndirectState::observe`] records.
-    Named,
+    Named(Obs),
     /// A work command (it has a footprint).
-    Work,
+    Work(Work),
     /// Anything else.
     Plain,
 }
 
 fn role_of_name(name: &str) -> Role {
     if is_work(name) {
-        Role::Work
-    } else if OBSERVED.contains(&name) {
-        Role::Named
+        Role::Work(match name {
+            "3DPRIMITIVE" => Work::Draw,
+            "3DSTATE_WM_HZ_OP" => Work::DepthOp,
+            "GPGPU_WALKER"
+            | "MEDIA_OBJECT"
+            | "MEDIA_OBJECT_WALKER"
+            | "MEDIA_OBJECT_PRT"
+            | "MEDIA_OBJECT_GRPID" => Work::Dispatch,
+            _ if name.starts_with("MFD_") && name.ends_with("_BSD_OBJECT") => Work::Decode,
+            _ => Work::Unmodelled,
+        })
+    } else if let Some((_, obs)) = OBSERVED.iter().find(|(n, _)| *n == name) {
+        Role::Named(*obs)
     } else {
         Role::Plain
     }
@@ -1369,7 +1407,7 @@ mod tests {
 
     #[test]
     fn every_observed_command_exists_and_is_recorded_as_state() {
-        for name in OBSERVED {
+        for (name, _) in OBSERVED {
             let found = [Gen::Gen8, Gen::Gen9, Gen::Gen11]
                 .into_iter()
                 .find_map(|g| {

@@ -35,7 +35,7 @@ use crate::decode::{BatchContext, BatchLevel, DecodeError, Decoded};
 use crate::indirect::{surface_state_addresses, IndirectState, StateAddress, SURFACE_STATE_BYTES};
 use crate::memory::{GpuMemory, GpuMemoryMut, MemoryError};
 use crate::remap::{self, RemapError, RemapStats};
-use crate::table::{self, Engine, Gen, Hook};
+use crate::table::{self, CommandDesc, Engine, Gen, Hook};
 
 /// A ring buffer: `size` bytes at `start` in the GGTT, commands from `head` up to `tail`
 /// (byte offsets into the ring; `head > tail` wraps).
@@ -202,6 +202,7 @@ struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
     budget: Budget,
     sum: WalkSummary,
     visit: &'v mut Visit<'f>,
+    table: table::Table,
     buf: Vec<u32>,
     /// One cached page of the buffer being walked: (space, page address) and its dwords.
     page_at: Option<(AddressSpace, u64)>,
@@ -217,6 +218,7 @@ impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
             budget,
             sum: WalkSummary::default(),
             visit,
+            table: table::Table::new(gen, engine),
             buf: Vec::new(),
             page_at: None,
             page: Vec::new(),
@@ -319,23 +321,17 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             let first = ((at - page) / 4) as usize;
             let n = (page_dwords - first).min(out.len() - done);
             let dst = out.get_mut(done..done + n).unwrap_or(&mut []);
-            if self.page_at != Some((space, page)) {
-                self.page.resize(page_dwords, 0);
-                if self.mem.read_dwords(space, page, &mut self.page).is_ok() {
-                    self.page_at = Some((space, page));
-                } else {
-                    self.page_at = None;
-                    self.mem.read_dwords(space, at, dst)?;
-                    done += n;
-                    at = at
-                        .checked_add((n as u64) * 4)
-                        .ok_or(MemoryError::Overflow {
-                            space,
-                            addr,
-                            len: out.len() * 4,
-                        })?;
-                    continue;
-                }
+            if self.page_at != Some((space, page)) && !self.cache_page(space, page) {
+                self.mem.read_dwords(space, at, dst)?;
+                done += n;
+                at = at
+                    .checked_add((n as u64) * 4)
+                    .ok_or(MemoryError::Overflow {
+                        space,
+                        addr,
+                        len: out.len() * 4,
+                    })?;
+                continue;
             }
             if let Some(src) = self.page.get(first..first + n) {
                 dst.copy_from_slice(src);
@@ -387,11 +383,10 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         offset: usize,
         ctx: BatchContext,
     ) -> Result<Step> {
-        if let Some(len) = self.cached_command_len(space, addr, offset)? {
+        if let Some((first, desc, len)) = self.cached_command(space, addr, offset)? {
             self.room_for(len)?;
-            let first = ((addr % GTT_PAGE_SIZE) / 4) as usize;
             let rest = self.page.get(first..first + len).unwrap_or(&[]);
-            let cmd = crate::decode::decode_one(self.gen, self.engine, rest, offset)
+            let cmd = crate::decode::decode_desc(desc, self.gen, self.engine, rest, offset)
                 .map_err(|err| WalkError::Decode { space, addr, err })?;
             charge(&mut self.sum, &self.budget, cmd.len())?;
             return visit_one(self.visit, cmd, space, addr, ctx);
@@ -408,24 +403,53 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         r
     }
 
-    /// The length of the command at `addr` when the page it starts in is (now) cached and holds
-    /// all of it; `None` otherwise. An unknown opcode is the error [`Walker::fetch`] would give.
-    fn cached_command_len(
+    /// The command at `addr` when the page it starts in is (now) cached and holds all of it:
+    /// its first dword's index in the page, its row and its length; `None` otherwise. An unknown
+    /// opcode is the error [`Walker::fetch`] would give.
+    fn cached_command(
         &mut self,
         space: AddressSpace,
         addr: u64,
         offset: usize,
-    ) -> Result<Option<usize>> {
+    ) -> Result<Option<(usize, &'static CommandDesc, usize)>> {
         if !addr.is_multiple_of(4) {
             return Ok(None);
         }
-        let len = self.command_len(space, addr, offset)?;
         let page = addr & !(GTT_PAGE_SIZE - 1);
-        if self.page_at != Some((space, page)) {
+        if self.page_at != Some((space, page)) && !self.cache_page(space, page) {
             return Ok(None);
         }
         let first = ((addr - page) / 4) as usize;
-        Ok((first + len <= self.page.len()).then_some(len))
+        let Some(&dw0) = self.page.get(first) else {
+            return Ok(None);
+        };
+        let (desc, len) = self.row_of(space, addr, offset, dw0)?;
+        Ok((first + len <= self.page.len()).then_some((first, desc, len)))
+    }
+
+    /// Caches the page at `page` (page aligned); `false` when it cannot be read whole.
+    fn cache_page(&mut self, space: AddressSpace, page: u64) -> bool {
+        self.page.resize((GTT_PAGE_SIZE / 4) as usize, 0);
+        let ok = self.mem.read_dwords(space, page, &mut self.page).is_ok();
+        self.page_at = ok.then_some((space, page));
+        ok
+    }
+
+    /// The row and length (in dwords) of the command whose DW0 at `addr` is `dw0`; an unknown
+    /// opcode is a decode error.
+    fn row_of(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        offset: usize,
+        dw0: u32,
+    ) -> Result<(&'static CommandDesc, usize)> {
+        let desc = self.table.lookup(dw0).ok_or(WalkError::Decode {
+            space,
+            addr,
+            err: DecodeError::UnknownOpcode { offset, dw0 },
+        })?;
+        Ok((desc, desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS)))
     }
 
     /// Reads the DW0 at `addr` (caching its page when it can) and returns the command's length
@@ -433,13 +457,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
     fn command_len(&mut self, space: AddressSpace, addr: u64, offset: usize) -> Result<usize> {
         let mut dw0 = [0u32; 1];
         self.read(space, addr, &mut dw0)?;
-        let dw0 = dw0[0];
-        let desc = table::lookup(self.gen, self.engine, dw0).ok_or(WalkError::Decode {
-            space,
-            addr,
-            err: DecodeError::UnknownOpcode { offset, dw0 },
-        })?;
-        Ok(desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS))
+        Ok(self.row_of(space, addr, offset, dw0[0])?.1)
     }
 
     /// Checks that a command of `len` dwords fits the batch-bytes budget; returns its bytes.
