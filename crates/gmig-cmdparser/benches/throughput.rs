@@ -382,9 +382,13 @@ fn run<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     // Sanity: the surface states are found, audited and counted.
     let rep = audit_walk(gen, Engine::Render, &mem, span, budget, &mv.from).unwrap();
     assert!(rep.ggtt_uses > 0);
-    commands_only(&mem);
+    let s = commands_only(&mem);
+    eprintln!("TMP walk: {} commands {} bytes {} batches", s.commands, bytes, s.batches);
     let mut g = c.benchmark_group(format!("{group}/walk"));
     g.throughput(Throughput::BytesDecimal(bytes));
+    g.bench_function("TMP-walk-only", |bch| {
+        bch.iter(|| walk(gen, Engine::Render, black_box(&mem), span, budget, &mut |_w| Ok(())).unwrap());
+    });
     g.bench_function("audit-commands", |bch| {
         bch.iter(|| commands_only(black_box(&mem)));
     });

@@ -431,11 +431,28 @@ impl IndirectState {
                 ..IndirectState::new(self.gen, here)
             };
         }
-        let reach = Reach::of(self.context, ctx);
-        if self.observe(d) {
+        let role = role(d.desc);
+        if role == Role::Plain && inert(d.desc) {
+            // Most of a batch. Kept out of the call below, whose frame is large.
             return (WriteSet::Nothing, None);
         }
-        let (set, fp) = self.work(d, ctx, reach, mem);
+        self.step_other(d, role, ctx, mem)
+    }
+
+    /// [`IndirectState::step`] for anything but state without addresses.
+    #[inline(never)]
+    fn step_other(
+        &mut self,
+        d: &Decoded<'_>,
+        role: Role,
+        ctx: &BatchContext,
+        mem: &dyn GpuMemory,
+    ) -> (WriteSet, Option<Footprint>) {
+        let reach = Reach::of(self.context, ctx);
+        if self.observe(d, role) {
+            return (WriteSet::Nothing, None);
+        }
+        let (set, fp) = self.work(d, role, ctx, reach, mem);
         self.forget_kernels(&set);
         (set, fp)
     }
@@ -444,11 +461,13 @@ impl IndirectState {
     fn work(
         &self,
         d: &Decoded<'_>,
+        role: Role,
         ctx: &BatchContext,
         reach: Reach,
         mem: &dyn GpuMemory,
     ) -> (WriteSet, Option<Footprint>) {
-        if let Some(fp) = self.footprint(d, mem) {
+        if let Role::Work(work) = role {
+            let fp = self.footprint(d, work, mem);
             // A work command's own address fields (none in the tables today) add to its
             // footprint; its "unbounded" flag is what the footprint resolves.
             let own = if d.desc.addrs.is_empty() {
@@ -502,8 +521,8 @@ impl IndirectState {
     }
 
     /// Records a state command; `true` when `d` was one (state commands write no memory).
-    fn observe(&mut self, d: &Decoded<'_>) -> bool {
-        let obs = match role(d.desc) {
+    fn observe(&mut self, d: &Decoded<'_>, role: Role) -> bool {
+        let obs = match role {
             Role::Work(_) => return false,
             Role::Plain => return self.observe_plain(d),
             Role::Named(obs) => obs,
@@ -702,11 +721,8 @@ impl IndirectState {
         d.desc.addrs.is_empty() && !f.has(Flags::UNBOUNDED_WRITES) && !f.has(Flags::OPAQUE)
     }
 
-    /// The footprint of a work command; `None` for everything else.
-    fn footprint(&self, d: &Decoded<'_>, mem: &dyn GpuMemory) -> Option<Footprint> {
-        let Role::Work(work) = role(d.desc) else {
-            return None;
-        };
+    /// The footprint of a work command of kind `work`.
+    fn footprint(&self, d: &Decoded<'_>, work: Work, mem: &dyn GpuMemory) -> Footprint {
         let mut fp = Footprint::default();
         match work {
             Work::Draw => self.draw(&mut fp, mem),
@@ -720,7 +736,7 @@ impl IndirectState {
                 ));
             }
         }
-        Some(fp)
+        fp
     }
 
     fn draw(&self, fp: &mut Footprint, mem: &dyn GpuMemory) {
@@ -1213,6 +1229,19 @@ const MFX_STATE_WITHOUT_BUFFERS: &[&str] = &[
     "MFX_JPEG_PIC_STATE",
     "MFX_JPEG_HUFF_TABLE_STATE",
 ];
+
+/// Whether a [`Role::Plain`] row changes nothing here and writes no memory: no written address
+/// field, no unbounded writes, and not video state (which [`IndirectState::observe_plain`]
+/// records). Its step is `(Nothing, None)` whatever its dwords.
+#[inline]
+fn inert(desc: &crate::table::CommandDesc) -> bool {
+    use crate::table::Class;
+    let f = desc.flags;
+    !matches!(desc.class, Class::Mfx | Class::Vebox)
+        && !desc.addrs.iter().any(|a| a.access.writes())
+        && !f.has(Flags::UNBOUNDED_WRITES)
+        && !f.has(Flags::OPAQUE)
+}
 
 /// Commands that make the GPU do work through indirect state.
 fn is_work(name: &str) -> bool {
