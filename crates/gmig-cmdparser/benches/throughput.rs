@@ -10,10 +10,11 @@
 //!
 //! The `walk/...` benchmarks run the walker over memory (ring → privileged batch), on a batch that
 //! adds iris-style draws and dispatches (binding tables, surface states, kernels in a GGTT heap)
-//! to the draws above: `walk/audit-commands` audits the commands only; `walk/audit-indirect`
-//! (`audit_walk`) also follows the indirect state and audits every surface state; `walk/remap-
-//! indirect` (`remap_walk`) rebases commands and surface states there and back. The ratio of the
-//! first two is what the indirect walk costs.
+//! to the draws above: `walk/walk-only` fetches and decodes every command and does nothing with
+//! it (what the walker itself costs); `walk/audit-commands` audits the commands only;
+//! `walk/audit-indirect` (`audit_walk`) also follows the indirect state and audits every surface
+//! state; `walk/remap-indirect` (`remap_walk`) rebases commands and surface states there and
+//! back. The ratio of audit-commands to audit-indirect is what the indirect walk costs.
 
 use std::hint::black_box;
 
@@ -382,12 +383,21 @@ fn run<M: Measurement>(c: &mut Criterion<M>, group: &str) {
     // Sanity: the surface states are found, audited and counted.
     let rep = audit_walk(gen, Engine::Render, &mem, span, budget, &mv.from).unwrap();
     assert!(rep.ggtt_uses > 0);
-    let s = commands_only(&mem);
-    eprintln!("TMP walk: {} commands {} bytes {} batches", s.commands, bytes, s.batches);
+    commands_only(&mem);
     let mut g = c.benchmark_group(format!("{group}/walk"));
     g.throughput(Throughput::BytesDecimal(bytes));
-    g.bench_function("TMP-walk-only", |bch| {
-        bch.iter(|| walk(gen, Engine::Render, black_box(&mem), span, budget, &mut |_w| Ok(())).unwrap());
+    g.bench_function("walk-only", |bch| {
+        bch.iter(|| {
+            walk(
+                gen,
+                Engine::Render,
+                black_box(&mem),
+                span,
+                budget,
+                &mut |_| Ok(()),
+            )
+            .unwrap()
+        });
     });
     g.bench_function("audit-commands", |bch| {
         bch.iter(|| commands_only(black_box(&mem)));

@@ -602,7 +602,7 @@ pub(crate) fn decode_desc<'a>(
             return Err(bad(len));
         }
     }
-    if desc.hook == Hook::LoadRegImm && len % 2 == 0 {
+    if desc.hook == Hook::LoadRegImm && len.is_multiple_of(2) {
         return Err(bad(len));
     }
     if len == 0 {
