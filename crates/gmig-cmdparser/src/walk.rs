@@ -323,17 +323,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             let dst = out.get_mut(done..done + n).unwrap_or(&mut []);
             if self.page_at != Some((space, page)) && !self.cache_page(space, page) {
                 self.mem.read_dwords(space, at, dst)?;
-                done += n;
-                at = at
-                    .checked_add((n as u64) * 4)
-                    .ok_or(MemoryError::Overflow {
-                        space,
-                        addr,
-                        len: out.len() * 4,
-                    })?;
-                continue;
-            }
-            if let Some(src) = self.page.get(first..first + n) {
+            } else if let Some(src) = self.page.get(first..first + n) {
                 dst.copy_from_slice(src);
             }
             done += n;
