@@ -888,3 +888,70 @@ fn remap_walk_undoes_partial_writes() {
     );
     assert_eq!(m.inner, orig);
 }
+
+/// Memory that refuses every read touching `denied` (and otherwise reads `inner`).
+struct Holey {
+    inner: PageMemory,
+    denied: std::ops::Range<u64>,
+}
+
+impl GpuMemory for Holey {
+    fn read(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Result<(), gmig_cmdparser::MemoryError> {
+        let end = addr + out.len() as u64;
+        if addr < self.denied.end && self.denied.start < end {
+            return Err(gmig_cmdparser::MemoryError::Denied { space, addr });
+        }
+        self.inner.read(space, addr, out)
+    }
+}
+
+#[test]
+fn a_batch_in_a_page_that_cannot_be_read_whole_is_read_piecemeal() {
+    let ggtt = AddressSpace::Ggtt;
+    let batch = [
+        build::mi_noop(),
+        build::mi_noop(),
+        build::mi_noop(),
+        build::mi_batch_buffer_end(),
+    ]
+    .concat();
+    let walk_at = |at: u64| {
+        let mut inner = PageMemory::new();
+        inner.put_dwords(ggtt, at, &batch).unwrap();
+        // The page's second half cannot be read: the walker cannot cache the page.
+        let mem = Holey {
+            inner,
+            denied: 0x1800..0x2000,
+        };
+        let mut names = Vec::new();
+        let r = gmig_cmdparser::walk_batch(
+            Gen::Gen9,
+            Engine::Render,
+            &mem,
+            ggtt,
+            at,
+            BatchContext::first_level(ggtt),
+            Budget::default(),
+            &mut |w| {
+                names.push(w.cmd.desc.name);
+                Ok(())
+            },
+        );
+        (r, names)
+    };
+    let (r, names) = walk_at(0x1000);
+    assert_eq!(r.unwrap().commands, 4);
+    assert_eq!(
+        names,
+        ["MI_NOOP", "MI_NOOP", "MI_NOOP", "MI_BATCH_BUFFER_END"]
+    );
+    // The end lies in the part that cannot be read: a memory error after the three no-ops.
+    let (r, names) = walk_at(0x1800 - 12);
+    assert!(matches!(r, Err(WalkError::Memory(_))), "{r:?}");
+    assert_eq!(names, ["MI_NOOP", "MI_NOOP", "MI_NOOP"]);
+}
