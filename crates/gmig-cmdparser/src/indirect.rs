@@ -411,7 +411,7 @@ impl IndirectState {
 
     /// The recorded state, for tests: everything but the caches.
     #[cfg(test)]
-    fn pipe_snapshot(&self) -> String {
+    fn recorded_state(&self) -> String {
         let mut s = self.clone();
         s.kernels = RefCell::new(Vec::new());
         format!("{s:?}")
@@ -1183,18 +1183,8 @@ enum Role {
 }
 
 fn role_of_name(name: &str) -> Role {
-    if is_work(name) {
-        Role::Work(match name {
-            "3DPRIMITIVE" => Work::Draw,
-            "3DSTATE_WM_HZ_OP" => Work::DepthOp,
-            "GPGPU_WALKER"
-            | "MEDIA_OBJECT"
-            | "MEDIA_OBJECT_WALKER"
-            | "MEDIA_OBJECT_PRT"
-            | "MEDIA_OBJECT_GRPID" => Work::Dispatch,
-            _ if name.starts_with("MFD_") && name.ends_with("_BSD_OBJECT") => Work::Decode,
-            _ => Work::Unmodelled,
-        })
+    if let Some(work) = work_of_name(name) {
+        Role::Work(work)
     } else if let Some((_, obs)) = OBSERVED.iter().find(|(n, _)| *n == name) {
         Role::Named(*obs)
     } else {
@@ -1251,33 +1241,35 @@ fn inert(desc: &crate::table::CommandDesc) -> bool {
         && !f.has(Flags::OPAQUE)
 }
 
-/// Commands that make the GPU do work through indirect state.
-fn is_work(name: &str) -> bool {
-    matches!(
-        name,
-        "3DPRIMITIVE"
-            | "3DSTATE_WM_HZ_OP"
-            | "GPGPU_WALKER"
-            | "MEDIA_OBJECT"
-            | "MEDIA_OBJECT_WALKER"
-            | "MEDIA_OBJECT_PRT"
-            | "MEDIA_OBJECT_GRPID"
-            | "MFD_IT_OBJECT"
-            | "MFX_DBK_OBJECT"
-            | "MFX_PAK_INSERT_OBJECT"
-            | "MFX_STITCH_OBJECT"
-            | "HCP_BSD_OBJECT"
-            | "HCP_PAK_OBJECT"
-            | "HCP_PAK_INSERT_OBJECT"
-            | "HCP_VP9_PAK_OBJECT"
-            | "HUC_START"
-            | "HUC_STREAM_OBJECT"
-            | "VDENC_WALKER_STATE"
-            | "SFC_FRAME_START"
-            | "VEB_DI_IECP"
-    ) || (name.starts_with("MFD_") && name.ends_with("_BSD_OBJECT"))
-        || (name.starts_with("MFC_") && name.ends_with("_PAK_OBJECT"))
-        || name == "MFX_VP8_PAK_OBJECT"
+/// The kind of work a command makes the GPU do through indirect state; `None` for a command that
+/// is not work.
+fn work_of_name(name: &str) -> Option<Work> {
+    Some(match name {
+        "3DPRIMITIVE" => Work::Draw,
+        "3DSTATE_WM_HZ_OP" => Work::DepthOp,
+        "GPGPU_WALKER"
+        | "MEDIA_OBJECT"
+        | "MEDIA_OBJECT_WALKER"
+        | "MEDIA_OBJECT_PRT"
+        | "MEDIA_OBJECT_GRPID" => Work::Dispatch,
+        _ if name.starts_with("MFD_") && name.ends_with("_BSD_OBJECT") => Work::Decode,
+        "MFD_IT_OBJECT"
+        | "MFX_DBK_OBJECT"
+        | "MFX_PAK_INSERT_OBJECT"
+        | "MFX_STITCH_OBJECT"
+        | "HCP_BSD_OBJECT"
+        | "HCP_PAK_OBJECT"
+        | "HCP_PAK_INSERT_OBJECT"
+        | "HCP_VP9_PAK_OBJECT"
+        | "HUC_START"
+        | "HUC_STREAM_OBJECT"
+        | "VDENC_WALKER_STATE"
+        | "SFC_FRAME_START"
+        | "VEB_DI_IECP"
+        | "MFX_VP8_PAK_OBJECT" => Work::Unmodelled,
+        _ if name.starts_with("MFC_") && name.ends_with("_PAK_OBJECT") => Work::Unmodelled,
+        _ => return None,
+    })
 }
 
 /// Rows a surface of `height` rows occupies per slice: whole tiles of `tile_rows`, doubled for a
@@ -1474,11 +1466,11 @@ mod tests {
             for space in [AddressSpace::Ggtt, AddressSpace::Ppgtt] {
                 let ctx = BatchContext::first_level(space);
                 let mut st = IndirectState::new(gen, space);
-                let before = st.pipe_snapshot();
+                let before = st.recorded_state();
                 let general = st.step_other(&d, Role::Plain, &ctx, &crate::PageMemory::new());
                 assert_eq!(general, (WriteSet::Nothing, None), "{}", desc.name);
                 assert_eq!(
-                    st.pipe_snapshot(),
+                    st.recorded_state(),
                     before,
                     "{} changed the state",
                     desc.name

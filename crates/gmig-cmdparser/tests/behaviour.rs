@@ -912,7 +912,6 @@ impl GpuMemory for Holey {
 
 #[test]
 fn a_batch_in_a_page_that_cannot_be_read_whole_is_read_piecemeal() {
-    let ggtt = AddressSpace::Ggtt;
     let batch = [
         build::mi_noop(),
         build::mi_noop(),
@@ -922,7 +921,7 @@ fn a_batch_in_a_page_that_cannot_be_read_whole_is_read_piecemeal() {
     .concat();
     let walk_at = |at: u64| {
         let mut inner = PageMemory::new();
-        inner.put_dwords(ggtt, at, &batch).unwrap();
+        inner.put_dwords(GGTT, at, &batch).unwrap();
         // The page's second half cannot be read: the walker cannot cache the page.
         let mem = Holey {
             inner,
@@ -933,9 +932,9 @@ fn a_batch_in_a_page_that_cannot_be_read_whole_is_read_piecemeal() {
             Gen::Gen9,
             Engine::Render,
             &mem,
-            ggtt,
+            GGTT,
             at,
-            BatchContext::first_level(ggtt),
+            BatchContext::first_level(GGTT),
             Budget::default(),
             &mut |w| {
                 names.push(w.cmd.desc.name);
