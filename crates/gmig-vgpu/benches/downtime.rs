@@ -37,10 +37,12 @@ fn downtime(policy: Policy) -> Duration {
     let factory = VgpuFactory::new(vm.vgpu().config().gen, VgpuType::V5_8, d, RAM);
     let (a, b) = mem_pair(1 << 20);
     let c2 = cfg.clone();
-    let dest = thread::spawn(move || migrate_destination(factory, b, &c2).map(|_| ()));
+    // The migrated VM comes back to be dropped after the source is done: unmapping its memory
+    // earlier would contend for this process's address space with the source's switch-over.
+    let dest = thread::spawn(move || migrate_destination(factory, b, &c2));
     let mut h = source_handle(vm, &cfg).expect("handle");
     let r = migrate_source(&mut h, a, &cfg, &mut |_| {}).expect("migration");
-    dest.join().expect("thread").expect("destination");
+    drop(dest.join().expect("thread").expect("destination"));
     Duration::from_secs_f64(r.downtime_ms / 1e3)
 }
 

@@ -298,7 +298,10 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     let (a, b) = loopback_pair()?;
     let factory = VgpuFactory::new(Gen::Gen9, case.ty, d, ram);
     let dcfg = cfg.clone();
-    let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg).map(|(_, r)| r));
+    // The destination thread hands the migrated VM back instead of dropping it: unmapping its
+    // guest memory while the source still waits for RESUMED would hold this process's address
+    // space lock (both ends share it here, not on two hosts) and land in the measured downtime.
+    let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg));
     let mut handle = source_handle(vm, &cfg)?;
     let report = match case.link_gbps {
         Some(g) => migrate_source(&mut handle, Throttled::new(a, g)?, &cfg, &mut |_| {}),
@@ -306,7 +309,8 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     };
     let dest = dest.join().map_err(|_| BenchError::DestinationPanicked)?;
     let report = report?;
-    let dest = dest?;
+    let (moved, dest) = dest?;
+    drop(moved);
 
     let (bound_link_ms, bound_hash_ms) = lower_bound_ms(
         report.bytes_stop_copy,
