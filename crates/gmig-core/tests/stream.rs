@@ -5,7 +5,8 @@ use std::io::{self, Read};
 use gmig_core::stream::{
     load, Compatibility, Control, Gfn, GpuGeneration, PageBatch, PageData, Section, StateKind,
     StreamError, StreamHeader, StreamLimits, StreamReader, StreamWriter, VgpuTypeId, FORMAT_MINOR,
-    HEADER_LEN, KIND_PAGES, KIND_SYNC, MAX_PAGES_PER_BATCH, PAGE_SIZE, SECTION_HEADER_LEN,
+    HEADER_LEN, KIND_END, KIND_PAGES, KIND_SYNC, MAX_PAGES_PER_BATCH, PAGE_SIZE,
+    SECTION_HEADER_LEN,
 };
 use proptest::prelude::*;
 
@@ -93,6 +94,70 @@ fn round_trip_preserves_every_page_and_section() {
     let kinds: Vec<StateKind> = loaded.states.iter().map(|(k, _)| *k).collect();
     assert_eq!(kinds, StateKind::ALL.to_vec());
     assert_eq!(loaded.states[2].1.len(), 2 * 7 + 3);
+}
+
+/// The checksums are computed once per payload and combined; what lands on the wire must still
+/// be the plain CRC-32s the format defines, checked here with an independent computation.
+#[test]
+fn every_checksum_the_writer_stores_is_a_plain_crc32_of_its_bytes() {
+    let bytes = recorded();
+    let mut at = HEADER_LEN;
+    let mut sections = 0;
+    loop {
+        let head = &bytes[at..at + SECTION_HEADER_LEN];
+        let kind = u16::from_le_bytes([head[0], head[1]]);
+        let len = u32::from_le_bytes(head[8..12].try_into().unwrap()) as usize;
+        let stored = u32::from_le_bytes(head[12..16].try_into().unwrap());
+        let payload = &bytes[at + SECTION_HEADER_LEN..at + SECTION_HEADER_LEN + len];
+        let mut h = crc32fast::Hasher::new();
+        h.update(&head[..12]);
+        h.update(payload);
+        assert_eq!(stored, h.finalize(), "section {sections} (kind {kind})");
+        sections += 1;
+        if kind == KIND_END {
+            let stream_crc = u32::from_le_bytes(payload[16..20].try_into().unwrap());
+            assert_eq!(
+                stream_crc,
+                crc32fast::hash(&bytes[..at]),
+                "END's stream checksum"
+            );
+            assert_eq!(at + SECTION_HEADER_LEN + len, bytes.len());
+            break;
+        }
+        at += SECTION_HEADER_LEN + len;
+    }
+    assert_eq!(sections, 9);
+}
+
+#[test]
+fn a_page_filled_in_place_is_encoded_as_a_pushed_one() {
+    let mut pushed = PageBatch::new();
+    let mut filled = PageBatch::new();
+    for (gfn, p) in [(7u64, page(0x42)), (8, [0; PAGE_SIZE]), (9, page(0))] {
+        assert!(pushed.push(Gfn(gfn), &p));
+        let r: Result<bool, ()> = filled.push_from(Gfn(gfn), |dst| {
+            dst.copy_from_slice(&p);
+            Ok(())
+        });
+        assert_eq!(r, Ok(true));
+    }
+    assert_eq!(filled, pushed);
+    assert_eq!(filled.zero_pages(), 1);
+
+    // A fill that fails leaves the batch as it was.
+    let before = filled.clone();
+    let r = filled.push_from(Gfn(10), |dst| {
+        dst[0] = 1;
+        Err("unreadable")
+    });
+    assert_eq!(r, Err("unreadable"));
+    assert_eq!(filled, before);
+
+    // A full batch takes nothing and does not call the fill.
+    let mut full = PageBatch::new();
+    while full.push(Gfn(1), &[0; PAGE_SIZE]) {}
+    let r: Result<bool, ()> = full.push_from(Gfn(2), |_| panic!("filled a full batch"));
+    assert_eq!(r, Ok(false));
 }
 
 #[test]

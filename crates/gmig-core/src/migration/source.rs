@@ -231,28 +231,29 @@ impl<V: MigratableVm> SourceDevice<V> {
             return Ok(0);
         }
         let gfns: Vec<Gfn> = self.queue.drain(..n).collect();
-        self.scratch.resize(n * PAGE_SIZE, 0);
         let mem = self.vm.memory();
         match (&self.phase, self.snap.as_mut()) {
             (Phase::PreCopy, Some(snap)) => {
+                self.scratch.resize(n * PAGE_SIZE, 0);
                 let pages = GuestPages::new(mem).map_err(|e| failed("guest memory", e))?;
                 let d: Vec<gmig_dirty::Gfn> = gfns.iter().map(|g| dg(*g)).collect();
                 self.hasher
                     .copy_for_send(&pages, snap, &d, &mut self.scratch)
                     .map_err(|e| failed("copy for send", e))?;
-            }
-            _ => {
-                // Stop-copy: the VM is stopped and the session ends, so no hash needs keeping.
-                for (g, page) in gfns.iter().zip(self.scratch.chunks_exact_mut(PAGE_SIZE)) {
-                    read_page(mem, *g, page)?;
+                for (g, page) in gfns.iter().zip(self.scratch.chunks_exact(PAGE_SIZE)) {
+                    let page: &[u8; PAGE_SIZE] = page
+                        .try_into()
+                        .map_err(|_| DeviceError::Failed("page chunk".into()))?;
+                    self.batch.push(*g, page);
                 }
             }
-        }
-        for (g, page) in gfns.iter().zip(self.scratch.chunks_exact(PAGE_SIZE)) {
-            let page: &[u8; PAGE_SIZE] = page
-                .try_into()
-                .map_err(|_| DeviceError::Failed("page chunk".into()))?;
-            self.batch.push(*g, page);
+            _ => {
+                // Stop-copy: the VM is stopped and the session ends, so no hash needs keeping,
+                // and each page is read straight into the batch.
+                for g in &gfns {
+                    self.batch.push_from(*g, |page| read_page(mem, *g, page))?;
+                }
+            }
         }
         self.stats.zero_pages += self.batch.zero_pages() as u64;
         let batch = std::mem::take(&mut self.batch);

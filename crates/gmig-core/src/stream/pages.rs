@@ -109,6 +109,57 @@ impl PageBatch {
         true
     }
 
+    /// Add a page that `fill` writes straight into the batch (no intermediate copy), as a zero
+    /// marker when it turns out all zeroes. Returns `Ok(false)` (and adds nothing) when the batch
+    /// is full; when `fill` fails, the batch is left as it was and its error is returned.
+    pub fn push_from<E>(
+        &mut self,
+        gfn: Gfn,
+        fill: impl FnOnce(&mut [u8; PAGE_SIZE]) -> core::result::Result<(), E>,
+    ) -> core::result::Result<bool, E> {
+        if self.is_full() {
+            return Ok(false);
+        }
+        let at = self.payload.len();
+        let record = WirePageRecord {
+            gfn: U64::new(gfn.0),
+            encoding: U32::new(ENCODING_FULL),
+            reserved: U32::new(0),
+        };
+        self.payload.extend_from_slice(record.as_bytes());
+        self.payload.resize(at + PAGE_RECORD_LEN + PAGE_SIZE, 0);
+        let filled = match self
+            .payload
+            .get_mut(at + PAGE_RECORD_LEN..)
+            .and_then(|p| <&mut [u8; PAGE_SIZE]>::try_from(p).ok())
+        {
+            Some(page) => fill(page).map(|()| is_zero_page(page)),
+            // Unreachable: the payload was just grown by a record and a page.
+            None => Ok(false),
+        };
+        let zero = match filled {
+            Ok(zero) => zero,
+            Err(e) => {
+                self.payload.truncate(at);
+                return Err(e);
+            }
+        };
+        if zero {
+            let record = WirePageRecord {
+                gfn: U64::new(gfn.0),
+                encoding: U32::new(ENCODING_ZERO),
+                reserved: U32::new(0),
+            };
+            self.payload.truncate(at);
+            self.payload.extend_from_slice(record.as_bytes());
+            self.zero += 1;
+        }
+        self.count += 1;
+        let count = self.count.to_le_bytes();
+        self.payload[..4].copy_from_slice(&count);
+        Ok(true)
+    }
+
     /// Empty the batch, keeping its allocation.
     pub fn clear(&mut self) {
         self.payload.truncate(PAGE_BATCH_HEADER_LEN);

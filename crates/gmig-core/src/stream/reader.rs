@@ -9,8 +9,8 @@ use super::error::{Result, StreamError};
 use super::header::{Compatibility, StateKind, StreamHeader, StreamLimits};
 use super::pages::PageBatch;
 use super::wire::{
-    section_crc, WireEnd, WireSection, END_PAYLOAD_LEN, HEADER_LEN, KIND_END, KIND_PAGES,
-    KIND_SYNC, SECTION_HEADER_LEN, SECTION_VERSION, SYNC_PAYLOAD_LEN,
+    payload_crc, section_crc_with, WireEnd, WireSection, END_PAYLOAD_LEN, HEADER_LEN, KIND_END,
+    KIND_PAGES, KIND_SYNC, SECTION_HEADER_LEN, SECTION_VERSION, SYNC_PAYLOAD_LEN,
 };
 use super::writer::StreamSummary;
 
@@ -129,7 +129,8 @@ impl Validator {
         let at = self.offset;
         let sec = self.parse_head(head)?;
         let kind = sec.kind.get();
-        let computed = section_crc(&head[..12], &payload);
+        let body = payload_crc(&payload);
+        let computed = section_crc_with(&head[..12], &body);
         if computed != sec.crc.get() {
             return Err(StreamError::SectionChecksum {
                 offset: at,
@@ -140,7 +141,7 @@ impl Validator {
         }
         let stream_crc_before = self.crc.clone().finalize();
         self.crc.update(head);
-        self.crc.update(&payload);
+        self.crc.combine(&body);
         let payload_at = at + SECTION_HEADER_LEN as u64;
         self.offset = payload_at + payload.len() as u64;
 

@@ -92,9 +92,24 @@ const _: () = assert!(std::mem::size_of::<WirePageRecord>() == PAGE_RECORD_LEN);
 const _: () = assert!(std::mem::size_of::<WireEnd>() == END_PAYLOAD_LEN);
 
 pub(crate) fn section_crc(header12: &[u8], payload: &[u8]) -> u32 {
+    section_crc_with(header12, &payload_crc(payload))
+}
+
+/// The running CRC-32 of a section payload: computed once per section and combined into both
+/// the section's checksum ([`section_crc_with`]) and the stream's, so a page batch's bytes are
+/// read once for checksumming on each side, not twice.
+pub(crate) fn payload_crc(payload: &[u8]) -> crc32fast::Hasher {
+    let mut h = crc32fast::Hasher::new();
+    h.update(payload);
+    h
+}
+
+/// The section checksum (CRC-32 of the first 12 header bytes, then the payload) from the
+/// payload's own CRC.
+pub(crate) fn section_crc_with(header12: &[u8], payload: &crc32fast::Hasher) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(header12);
-    h.update(payload);
+    h.combine(payload);
     h.finalize()
 }
 

@@ -5,7 +5,6 @@ use super::error::StreamError;
 use super::header::StateKind;
 use super::header::StreamHeader;
 use super::pages::PageBatch;
-use super::wire::section_crc;
 use super::wire::WireEnd;
 use super::wire::WireSection;
 use super::wire::HEADER_LEN;
@@ -14,6 +13,7 @@ use super::wire::KIND_PAGES;
 use super::wire::KIND_SYNC;
 use super::wire::SECTION_HEADER_LEN;
 use super::wire::SECTION_VERSION;
+use super::wire::{payload_crc, section_crc_with};
 use std::io;
 use std::io::Write;
 use zerocopy::little_endian::U16;
@@ -94,7 +94,8 @@ impl<W: Write> StreamWriter<W> {
             length: U32::new(length),
             crc: U32::new(0),
         };
-        sec.crc = U32::new(section_crc(&sec.as_bytes()[..12], payload));
+        let body = payload_crc(payload);
+        sec.crc = U32::new(section_crc_with(&sec.as_bytes()[..12], &body));
         let io = |e: io::Error| StreamError::Io {
             offset,
             kind: e.kind(),
@@ -102,7 +103,7 @@ impl<W: Write> StreamWriter<W> {
         self.inner.write_all(sec.as_bytes()).map_err(io)?;
         self.inner.write_all(payload).map_err(io)?;
         self.crc.update(sec.as_bytes());
-        self.crc.update(payload);
+        self.crc.combine(&body);
         self.summary.bytes += (SECTION_HEADER_LEN + payload.len()) as u64;
         Ok(())
     }
