@@ -131,10 +131,15 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         assert!(bound + 1e-9 >= bl && bound + 1e-9 >= bh, "{r}");
         assert!(f(r, &["downtime_over_bound"]) > 0.0);
         match r["link_gbps"].as_f64() {
-            None => assert_eq!(bl, 0.0, "unlimited links have no link term: {r}"),
+            None => {
+                // Unlimited: the bound's link runs at the probed loopback rate.
+                assert!(f(r, &["loopback_gbps"]) > 0.0, "{r}");
+                assert!(bl > 0.0, "{r}");
+            }
             Some(g) => {
                 assert_eq!(g, 25.0);
                 assert!(bl > 0.0);
+                assert_eq!(f(r, &["loopback_gbps"]), 0.0, "{r}");
             }
         }
         if r["policy"] == "stop-and-copy" {

@@ -14,9 +14,11 @@
 //!
 //! **Lower bound.** `bound = stop-copy bytes / link rate + re-hashed bytes / read bandwidth`,
 //! where the read bandwidth is the best of two plain read passes over the whole guest memory with
-//! the same threads the engine hashes with, taken right before the migration starts. With an
-//! unlimited link the link term is 0. Because hashing and sending overlap, a downtime below this
-//! bound (ratio < 1) is possible and means the overlap worked.
+//! the same threads the engine hashes with, taken right before the migration starts. A paced link
+//! has its set rate; an unlimited (unpaced) link is loopback TCP, whose own rate is probed the
+//! same way (the best of two 32 MiB transfers over a fresh loopback connection, right before the
+//! migration), since stop-copy bytes cannot cross it faster. Because hashing and sending overlap,
+//! a downtime below this bound (ratio < 1) is possible and means the overlap worked.
 //!
 //! **Switch-over acknowledgement (`switchover_ack`).** Zero pages cost a few bytes on the wire
 //! but a page write on the destination, so after a one-shot pass over mostly-zero guest memory
@@ -157,7 +159,11 @@ pub struct BenchSample {
     pub report: MigrationReport,
     /// Plain read bandwidth of the guest memory, GB/s (10^9 bytes), with the hashing threads.
     pub read_gbps: f64,
-    /// Link term of the bound: stop-copy bytes at the link rate, ms (0 when unlimited).
+    /// Unpaced loopback TCP throughput, Gbit/s, probed before the migration when the link is
+    /// unlimited (the rate of the bound's link term then); 0 on a paced link.
+    pub loopback_gbps: f64,
+    /// Link term of the bound: stop-copy bytes at the link rate (the probed loopback rate when
+    /// unlimited), ms.
     pub bound_link_ms: f64,
     /// Memory term of the bound: the pages re-hashed (or, where more, sent) in downtime at the
     /// read bandwidth, ms.
@@ -249,6 +255,46 @@ pub fn read_bandwidth_gbps(vm: &VgpuVm, threads: usize, passes: usize) -> Result
     Ok(bytes as f64 / best.as_secs_f64().max(1e-9) / 1e9)
 }
 
+/// Best-of-`passes` throughput of unpaced loopback TCP, Gbit/s: `bytes` written in 1 MiB
+/// pieces on a fresh connection, timed from the first write until the reader has them all.
+pub fn loopback_gbps(bytes: usize, passes: usize) -> Result<f64> {
+    use std::io::{Read, Write};
+    let probe = |e: &dyn std::fmt::Display| BenchError::Probe(e.to_string());
+    let (mut a, mut b) = loopback_pair()?;
+    let piece = 1 << 20;
+    let total = bytes.max(piece);
+    let mut best = Duration::MAX;
+    for _ in 0..passes.max(1) {
+        let reader = thread::spawn(move || -> std::io::Result<_> {
+            let mut buf = vec![0u8; piece];
+            let mut got = 0;
+            while got < total {
+                match b.read(&mut buf)? {
+                    0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                    n => got += n,
+                }
+            }
+            Ok((b, Instant::now()))
+        });
+        let data = vec![0x5au8; piece];
+        let t = Instant::now();
+        let mut sent = 0;
+        while sent < total {
+            let n = piece.min(total - sent);
+            a.write_all(&data[..n]).map_err(|e| probe(&e))?;
+            sent += n;
+        }
+        a.flush().map_err(|e| probe(&e))?;
+        let (back, done) = reader
+            .join()
+            .map_err(|_| BenchError::Probe("loopback reader panicked".into()))?
+            .map_err(|e| probe(&e))?;
+        b = back;
+        best = best.min(done.saturating_duration_since(t));
+    }
+    Ok(total as f64 * 8.0 / best.as_secs_f64().max(1e-9) / 1e9)
+}
+
 fn loopback_pair() -> Result<(Box<dyn Connection>, Box<dyn Connection>)> {
     let addr = SocketAddr::from(([127, 0, 0, 1], 0));
     let listener = Endpoint::Tcp(addr).listen()?;
@@ -292,6 +338,10 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     }
     let cfg = migration_config(case);
     let read_gbps = read_bandwidth_gbps(&vm, cfg.hash_threads, 2)?;
+    let loopback_gbps = match case.link_gbps {
+        Some(_) => 0.0,
+        None => loopback_gbps(32 << 20, 2)?,
+    };
     let gtt_backed_pages = vm.vgpu().gtt_backed_pages().len() as u64;
     let setup_ms = t_setup.elapsed().as_secs_f64() * 1e3;
 
@@ -314,13 +364,14 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
 
     let (bound_link_ms, bound_hash_ms) = lower_bound_ms(
         report.bytes_stop_copy,
-        case.link_gbps,
+        case.link_gbps.or(Some(loopback_gbps)),
         report.pages_rehashed.max(report.pages_stop_copy),
         read_gbps,
     );
     Ok(BenchSample {
         report,
         read_gbps,
+        loopback_gbps,
         bound_link_ms,
         bound_hash_ms,
         bound_ms: bound_link_ms + bound_hash_ms,
@@ -418,6 +469,27 @@ mod tests {
         assert!(s.read_gbps > 0.0);
         assert!(s.bound_link_ms > 0.0 && s.bound_ms >= s.bound_link_ms);
         assert!(r.bytes_stop_copy > 0);
+        assert_eq!(s.loopback_gbps, 0.0, "a paced link is not probed");
+    }
+
+    #[test]
+    fn an_unlimited_link_is_bounded_by_the_probed_loopback_rate() {
+        let mut case = BenchCase::new(Profile::Desktop, VgpuType::V5_8, Policy::OneShot, None);
+        case.workload = WorkloadConfig::small();
+        case.ram_bytes = Some(32 << 20);
+        case.hash_threads = 2;
+        case.warmup_steps = 2;
+        let s = run_case(&case).unwrap();
+        assert!(s.loopback_gbps > 0.0);
+        let want = s.report.bytes_stop_copy as f64 * 8.0 / (s.loopback_gbps * 1e9) * 1e3;
+        assert!(s.report.bytes_stop_copy > 0);
+        assert!((s.bound_link_ms - want).abs() <= want * 1e-9, "{s:?}");
+    }
+
+    #[test]
+    fn the_loopback_probe_measures_a_rate() {
+        let g = loopback_gbps(4 << 20, 2).unwrap();
+        assert!(g.is_finite() && g > 0.0, "{g}");
     }
 
     #[test]

@@ -299,6 +299,10 @@ pub struct Row {
     pub widened: bool,
     /// Plain read bandwidth of the guest memory, GB/s (median).
     pub read_gbps: f64,
+    /// Unpaced loopback TCP throughput, Gbit/s (median): the link rate of an unlimited link's
+    /// bound; 0 on a paced link.
+    #[serde(default)]
+    pub loopback_gbps: f64,
     /// Link term of the lower bound, ms (median).
     pub bound_link_ms: f64,
     /// Memory term of the lower bound, ms (median).
@@ -374,6 +378,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         bytes_stop_copy: u(|s| s.report.bytes_stop_copy),
         widened: samples.iter().any(|s| s.report.widened),
         read_gbps: median(&f(|s| s.read_gbps)),
+        loopback_gbps: median(&f(|s| s.loopback_gbps)),
         bound_link_ms: median(&f(|s| s.bound_link_ms)),
         bound_hash_ms: median(&f(|s| s.bound_hash_ms)),
         bound_ms: median(&f(|s| s.bound_ms)),
