@@ -319,7 +319,8 @@ pub struct BenchCommonArgs {
     /// Repetitions per row.
     #[arg(long)]
     pub reps: Option<usize>,
-    /// Hashing threads (default: all cores).
+    /// Hashing threads (default: one per core, less two on machines of four cores or more: the
+    /// source's sender and the destination's applier share this machine with the hash).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Workload seed.

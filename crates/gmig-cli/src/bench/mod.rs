@@ -95,7 +95,9 @@ pub struct BenchCase {
     pub warmup_steps: u64,
     /// Workload sizes.
     pub workload: WorkloadConfig,
-    /// Threads hashing (and probing memory bandwidth); 0 means one per core.
+    /// Threads hashing (and probing memory bandwidth); 0 means one per core less the two cores
+    /// left to the source's sender and the destination's applier, which share this machine
+    /// ([`hash_threads_leaving`](gmig_core::migration::hash_threads_leaving)`(2)`).
     pub hash_threads: usize,
     /// The guest runs one frame after every this many pre-copy batches.
     pub step_every_batches: u64,
@@ -310,9 +312,10 @@ fn loopback_pair() -> Result<(Box<dyn Connection>, Box<dyn Connection>)> {
 /// The engine configuration a case runs with.
 pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     let mut cfg = MigrationConfig::new(case.policy);
-    if case.hash_threads > 0 {
-        cfg.hash_threads = case.hash_threads;
-    }
+    cfg.hash_threads = match case.hash_threads {
+        0 => gmig_core::migration::hash_threads_leaving(2),
+        n => n,
+    };
     cfg.step_every_batches = case.step_every_batches;
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;

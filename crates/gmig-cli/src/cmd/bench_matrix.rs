@@ -134,9 +134,11 @@ impl Matrix {
         if c.ram_mib == Some(0) {
             bail!("--ram-mib must be at least 1");
         }
-        let threads = c.threads.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
-        });
+        // Source and destination share this machine: the default leaves a core to each one's
+        // stop-copy thread (the sender and the applier).
+        let threads = c
+            .threads
+            .unwrap_or_else(|| gmig_core::migration::hash_threads_leaving(2));
         Ok(Matrix {
             profiles,
             types: vgpu_types.iter().map(|t| type_name(*t)).collect(),

@@ -204,7 +204,7 @@ pub struct MigrationConfig {
     pub max_rounds: u32,
     /// Iterative: stop iterating when a round would resend this many pages or fewer.
     pub converge_pages: u64,
-    /// Threads hashing in downtime.
+    /// Threads hashing in downtime (default: [`hash_threads_leaving`]`(1)`).
     pub hash_threads: usize,
     /// Bounds the destination enforces on the stream.
     pub limits: StreamLimits,
@@ -225,8 +225,8 @@ pub struct MigrationConfig {
 
 impl MigrationConfig {
     /// Defaults for `policy`: drain at most 2 workloads, 256-page batches, one workload step per
-    /// batch, iterative up to 8 rounds or 64 pages, all cores hashing, 30 s timeouts, switch-over
-    /// acknowledgement on.
+    /// batch, iterative up to 8 rounds or 64 pages, [`hash_threads_leaving`]`(1)` threads hashing,
+    /// 30 s timeouts, switch-over acknowledgement on.
     pub fn new(policy: Policy) -> Self {
         Self {
             policy,
@@ -235,13 +235,31 @@ impl MigrationConfig {
             step_every_batches: 1,
             max_rounds: 8,
             converge_pages: 64,
-            hash_threads: std::thread::available_parallelism().map_or(2, std::num::NonZero::get),
+            hash_threads: hash_threads_leaving(1),
             limits: StreamLimits::default(),
             timeout: Duration::from_secs(30),
             chunk: 256 * 1024,
             switchover_ack: true,
             verify_before_stop: true,
         }
+    }
+}
+
+/// Hashing threads for this machine that leave `reserved` cores to other work: one per core,
+/// less `reserved` on machines of four cores or more (never fewer than two), all of them on
+/// smaller ones.
+///
+/// The engine's default leaves one core: the source's thread that reads and sends the pages the
+/// downtime re-hash finds runs beside the hash, and with every core hashing it waits for a core,
+/// so the stop-copy pages trail the hash instead of overlapping it (measured on 16 cores:
+/// full-hash one-shot downtime 24–26% shorter with two cores left, see docs/performance.md). On
+/// two or three cores a hashing thread less costs more than the sender gains.
+pub fn hash_threads_leaving(reserved: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+    if cores >= 4 {
+        cores.saturating_sub(reserved).max(2)
+    } else {
+        cores
     }
 }
 
@@ -328,4 +346,29 @@ pub(crate) fn ms(d: Duration) -> f64 {
 
 pub(crate) fn ns_ms(ns: u64) -> f64 {
     ns as f64 / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashing_leaves_cores_only_on_machines_of_four_or_more() {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        assert_eq!(hash_threads_leaving(0), cores);
+        for reserved in 1..=cores + 1 {
+            let n = hash_threads_leaving(reserved);
+            if cores >= 4 {
+                assert_eq!(
+                    n,
+                    cores.saturating_sub(reserved).max(2),
+                    "{reserved} of {cores}"
+                );
+            } else {
+                assert_eq!(n, cores, "{reserved} of {cores}");
+            }
+        }
+        let cfg = MigrationConfig::new(Policy::OneShot);
+        assert_eq!(cfg.hash_threads, hash_threads_leaving(1));
+    }
 }

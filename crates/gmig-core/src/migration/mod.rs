@@ -32,7 +32,8 @@ mod vm;
 mod vm_device;
 
 pub use config::{
-    MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy, Progress, Result,
+    hash_threads_leaving, MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy,
+    Progress, Result,
 };
 pub use dest::DestDevice;
 pub use engine::{
