@@ -346,6 +346,11 @@ pub struct BenchCommonArgs {
     /// (to measure what the verification saves).
     #[arg(long)]
     pub no_verify_before_stop: bool,
+    /// Queued workloads the stop lets finish on the source (the rest travel in the stream and run
+    /// first on the destination); default: the engine's (`MigrationConfig::max_drain`, 2). What
+    /// the drained workloads write is stop-copy data.
+    #[arg(long)]
+    pub max_drain: Option<usize>,
     /// Leave untouched guest pages unbacked (they then read from the kernel's shared zero page,
     /// in cache, which flatters hashing); by default every page is backed before migrating.
     #[arg(long)]

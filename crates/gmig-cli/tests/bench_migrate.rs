@@ -92,6 +92,8 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         assert_eq!(r["vgpu_type"], "64+384");
         assert_eq!(u(r, "vgpu_mib"), 448);
         assert_eq!(u(r, "guest_mib"), 24);
+        assert_eq!(u(r, "max_drain"), 2, "the engine's default: {r}");
+        assert!(u(r, "drained_workloads") <= 2, "{r}");
         // The GPU's working set: some frames, never more than guest RAM has.
         let gtt = u(r, "gtt_backed_pages");
         assert!(gtt > 0 && gtt <= (24 << 20) / 4096, "{r}");
@@ -196,6 +198,31 @@ fn tiny_matrix_json_is_complete_and_consistent() {
     );
     assert!(md.contains("Policies against one-shot-narrow"), "{md}");
     assert!(md.contains("one-shot (gMig paper)"), "{md}");
+}
+
+/// `--max-drain 0`: the stop runs nothing on the source; every queued workload travels.
+#[test]
+fn max_drain_reaches_the_engine() {
+    let mut args = vec![
+        "bench",
+        "migrate",
+        "--profiles",
+        "3d",
+        "--policies",
+        "one-shot-narrow",
+        "--links",
+        "unlimited",
+        "--reps",
+        "1",
+        "--max-drain",
+        "0",
+    ];
+    args.extend(TINY);
+    let v = gmig(&args);
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "{v}");
+    assert_eq!(u(&rows[0], "max_drain"), 0, "{v}");
+    assert_eq!(u(&rows[0], "drained_workloads"), 0, "{v}");
 }
 
 #[test]

@@ -108,6 +108,8 @@ pub struct BenchCase {
     pub switchover_ack: bool,
     /// One-shot-narrow's overlapped verification (on by default).
     pub verify_before_stop: bool,
+    /// Queued workloads the stop lets finish (`None`: the engine's default).
+    pub max_drain: Option<usize>,
     /// Back every guest page with its own memory before the migration (read a byte of each page
     /// and write it back: contents unchanged). A fresh mapping reads its untouched pages from
     /// one shared zero page, which sits in cache and flatters both hashing and the read probe;
@@ -143,6 +145,7 @@ impl BenchCase {
             ram_bytes: None,
             switchover_ack: true,
             verify_before_stop: true,
+            max_drain: None,
             touch_memory: true,
         }
     }
@@ -320,6 +323,9 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;
     cfg.verify_before_stop = case.verify_before_stop;
+    if let Some(n) = case.max_drain {
+        cfg.max_drain = n;
+    }
     cfg
 }
 

@@ -7,7 +7,7 @@ use gmig_vgpu::migratable::{parse_vgpu_type, type_id};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{run_case, BenchCase, BenchSample, Summary};
+use crate::bench::{migration_config, run_case, BenchCase, BenchSample, Summary};
 use crate::cli::BenchCommonArgs;
 use crate::cmd::migrate::profile_of;
 
@@ -84,6 +84,8 @@ pub(crate) struct Matrix {
     pub(crate) resolution: Option<(u32, u32)>,
     pub(crate) switchover_ack: bool,
     pub(crate) verify_before_stop: bool,
+    /// Queued workloads the stop lets finish (`None`: the engine's default).
+    pub(crate) max_drain: Option<usize>,
     pub(crate) touch_memory: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
@@ -153,6 +155,7 @@ impl Matrix {
             resolution: c.resolution.as_deref().map(parse_resolution).transpose()?,
             switchover_ack: !c.no_switchover_ack,
             verify_before_stop: !c.no_verify_before_stop,
+            max_drain: c.max_drain,
             touch_memory: !c.untouched_memory,
             extra: Vec::new(),
         })
@@ -190,6 +193,7 @@ impl Matrix {
         c.ram_bytes = self.ram_mib.map(|m| m << 20);
         c.switchover_ack = self.switchover_ack;
         c.verify_before_stop = self.verify_before_stop;
+        c.max_drain = self.max_drain;
         c.touch_memory = self.touch_memory;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
@@ -227,6 +231,12 @@ pub struct Row {
     /// Whether one-shot-narrow verified its candidate set before the stop.
     #[serde(default)]
     pub verify_before_stop: bool,
+    /// Queued workloads the stop may let finish on the source.
+    #[serde(default)]
+    pub max_drain: usize,
+    /// Workloads the stop did let finish (median).
+    #[serde(default)]
+    pub drained_workloads: u64,
     /// The guest's screen size, WIDTHxHEIGHT.
     #[serde(default)]
     pub resolution: String,
@@ -348,6 +358,8 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         reps: samples.len(),
         switchover_ack: case.switchover_ack,
         verify_before_stop: case.verify_before_stop,
+        max_drain: migration_config(case).max_drain,
+        drained_workloads: u(|s| s.report.drained_workloads),
         resolution: format!("{}x{}", case.workload.width, case.workload.height),
         downtime_ms,
         downtime_samples_ms: downtimes,
