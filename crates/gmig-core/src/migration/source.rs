@@ -244,14 +244,18 @@ impl<V: MigratableVm> SourceDevice<V> {
                     let page: &[u8; PAGE_SIZE] = page
                         .try_into()
                         .map_err(|_| DeviceError::Failed("page chunk".into()))?;
-                    self.batch.push(*g, page);
+                    if !self.batch.push(*g, page) {
+                        return Err(DeviceError::Failed("page batch full".into()));
+                    }
                 }
             }
             _ => {
                 // Stop-copy: the VM is stopped and the session ends, so no hash needs keeping,
                 // and each page is read straight into the batch.
                 for g in &gfns {
-                    self.batch.push_from(*g, |page| read_page(mem, *g, page))?;
+                    if !self.batch.push_from(*g, |page| read_page(mem, *g, page))? {
+                        return Err(DeviceError::Failed("page batch full".into()));
+                    }
                 }
             }
         }

@@ -128,16 +128,13 @@ impl PageBatch {
         };
         self.payload.extend_from_slice(record.as_bytes());
         self.payload.resize(at + PAGE_RECORD_LEN + PAGE_SIZE, 0);
-        let filled = match self
-            .payload
-            .get_mut(at + PAGE_RECORD_LEN..)
-            .and_then(|p| <&mut [u8; PAGE_SIZE]>::try_from(p).ok())
-        {
-            Some(page) => fill(page).map(|()| is_zero_page(page)),
-            // Unreachable: the payload was just grown by a record and a page.
-            None => Ok(false),
+        // The payload was just grown by a record and a page, so its last PAGE_SIZE bytes are the
+        // page; should that ever not hold, nothing is added.
+        let Some(page) = self.payload.last_chunk_mut::<PAGE_SIZE>() else {
+            self.payload.truncate(at);
+            return Ok(false);
         };
-        let zero = match filled {
+        let zero = match fill(page).map(|()| is_zero_page(page)) {
             Ok(zero) => zero,
             Err(e) => {
                 self.payload.truncate(at);
