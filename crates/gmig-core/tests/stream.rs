@@ -3,10 +3,10 @@
 use std::io::{self, Read};
 
 use gmig_core::stream::{
-    load, Compatibility, Control, Gfn, GpuGeneration, PageBatch, PageData, Section, StateKind,
-    StreamError, StreamHeader, StreamLimits, StreamReader, StreamWriter, VgpuTypeId, FORMAT_MINOR,
-    HEADER_LEN, KIND_END, KIND_PAGES, KIND_SYNC, MAX_PAGES_PER_BATCH, PAGE_SIZE,
-    SECTION_HEADER_LEN,
+    load, Compatibility, Control, FrameRange, Gfn, GpuGeneration, PageBatch, PageData, Section,
+    StateKind, StreamError, StreamHeader, StreamLimits, StreamReader, StreamWriter, VgpuTypeId,
+    FORMAT_MINOR, HEADER_LEN, KIND_END, KIND_PAGES, KIND_SYNC, KIND_WRITABLE_FRAMES,
+    MAX_FRAME_RANGES_PER_SECTION, MAX_PAGES_PER_BATCH, PAGE_SIZE, SECTION_HEADER_LEN,
 };
 use proptest::prelude::*;
 
@@ -552,6 +552,7 @@ fn precopy_state_and_sync_round_trip() {
             Section::State { kind, .. } => format!("{kind:?}"),
             Section::Pages(_) => "pages".into(),
             Section::Sync(seq) => format!("sync {seq}"),
+            Section::WritableFrames(runs) => format!("writable {}", runs.len()),
             Section::End(_) => "end".into(),
         });
     }
@@ -795,4 +796,172 @@ proptest! {
         bytes[pos] ^= mask;
         prop_assert!(decode_in_chunks(&bytes, &[chunk]).is_err());
     }
+}
+
+fn hint_sections(bytes: &[u8]) -> Vec<Vec<FrameRange>> {
+    let mut r = StreamReader::open(bytes, StreamLimits::default(), None).unwrap();
+    let mut out = Vec::new();
+    let mut ended = false;
+    while let Some(s) = r.next_section().unwrap() {
+        match s {
+            Section::WritableFrames(runs) => out.push(runs),
+            Section::End(_) => ended = true,
+            _ => {}
+        }
+    }
+    assert!(ended, "the reader went on to END");
+    out
+}
+
+fn finish_with_states(mut w: StreamWriter<Vec<u8>>) -> Vec<u8> {
+    for kind in StateKind::ALL {
+        w.write_state(kind, &[kind as u8]).unwrap();
+    }
+    w.finish().unwrap().0
+}
+
+#[test]
+fn a_writable_frames_hint_round_trips_as_sorted_runs() {
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    let frames = [5, 3, 4, 10, 10, 1023, 12].map(Gfn);
+    w.write_writable_frames(&frames).unwrap();
+    w.write_writable_frames(&[]).unwrap(); // nothing
+    let bytes = finish_with_states(w);
+    let run = |start, count| FrameRange {
+        start: Gfn(start),
+        count,
+    };
+    assert_eq!(
+        hint_sections(&bytes),
+        vec![vec![run(3, 3), run(10, 1), run(12, 1), run(1023, 1)]]
+    );
+    // END counts the hint as a section; load() passes over it.
+    let loaded = load(&bytes[..], StreamLimits::default(), None).unwrap();
+    assert_eq!(loaded.summary.sections, 7);
+    let frames: Vec<Gfn> = hint_sections(&bytes)[0]
+        .iter()
+        .flat_map(FrameRange::frames)
+        .collect();
+    assert_eq!(frames, [3, 4, 5, 10, 12, 1023].map(Gfn));
+}
+
+#[test]
+fn a_long_hint_is_split_into_sections_of_at_most_the_maximum() {
+    let mut h = header();
+    h.guest_pages = 3 * MAX_FRAME_RANGES_PER_SECTION as u64;
+    let mut w = StreamWriter::new(Vec::new(), &h).unwrap();
+    // Every other frame: one run each, 1.5 sections' worth.
+    let frames: Vec<Gfn> = (0..h.guest_pages).step_by(2).map(Gfn).collect();
+    w.write_writable_frames(&frames).unwrap();
+    let bytes = finish_with_states(w);
+    let sections = hint_sections(&bytes);
+    assert_eq!(
+        sections.iter().map(Vec::len).collect::<Vec<_>>(),
+        vec![
+            MAX_FRAME_RANGES_PER_SECTION,
+            frames.len() - MAX_FRAME_RANGES_PER_SECTION
+        ]
+    );
+    let back: Vec<Gfn> = sections
+        .iter()
+        .flatten()
+        .flat_map(FrameRange::frames)
+        .collect();
+    assert_eq!(back, frames);
+}
+
+#[test]
+fn a_writer_refuses_a_hint_past_guest_memory_and_an_old_format_gets_none() {
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    let err = w.write_writable_frames(&[Gfn(2), Gfn(1024)]).unwrap_err();
+    assert!(
+        matches!(err, StreamError::PageOutOfRange { gfn: 1024, .. }),
+        "{err}"
+    );
+    assert_eq!(w.bytes_written(), HEADER_LEN as u64, "nothing written");
+
+    let mut old = header();
+    old.format_minor = 1;
+    let mut w = StreamWriter::new(Vec::new(), &old).unwrap();
+    w.write_writable_frames(&[Gfn(2)]).unwrap();
+    let bytes = finish_with_states(w);
+    assert!(hint_sections(&bytes).is_empty());
+}
+
+fn hint_payload(ranges: &[(u64, u64)]) -> Vec<u8> {
+    let mut p = Vec::new();
+    for (s, c) in ranges {
+        p.extend_from_slice(&s.to_le_bytes());
+        p.extend_from_slice(&c.to_le_bytes());
+    }
+    p
+}
+
+#[test]
+fn malformed_hints_are_refused_even_with_valid_checksums() {
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("not a multiple of 16", vec![0; 15]),
+        ("empty range", hint_payload(&[(1, 0)])),
+        ("past guest memory", hint_payload(&[(1000, 25)])),
+        ("overflowing", hint_payload(&[(u64::MAX, 2)])),
+        ("overlapping", hint_payload(&[(1, 4), (3, 1)])),
+        ("adjacent", hint_payload(&[(1, 4), (5, 1)])),
+        ("out of order", hint_payload(&[(10, 1), (2, 1)])),
+        (
+            "too many ranges",
+            hint_payload(
+                &(0..=MAX_FRAME_RANGES_PER_SECTION as u64)
+                    .map(|i| (i * 2 % 1000, 1))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+    ];
+    for (what, payload) in cases {
+        let bytes = stream_with(&raw_section(KIND_WRITABLE_FRAMES, &payload));
+        let err = first_error(&bytes, StreamLimits::default());
+        assert!(
+            matches!(err, StreamError::BadFrameHint { .. }),
+            "{what}: {err}"
+        );
+    }
+    // A well-formed one passes.
+    let bytes = stream_with(&raw_section(
+        KIND_WRITABLE_FRAMES,
+        &hint_payload(&[(1, 4), (6, 1), (1023, 1)]),
+    ));
+    let mut r = StreamReader::open(&bytes[..], StreamLimits::default(), None).unwrap();
+    assert!(matches!(
+        r.next_section(),
+        Ok(Some(Section::WritableFrames(v))) if v.len() == 3
+    ));
+}
+
+#[test]
+fn a_hint_in_a_format_1_1_stream_is_an_unknown_section() {
+    let mut bytes = stream_with(&raw_section(KIND_WRITABLE_FRAMES, &hint_payload(&[(1, 4)])));
+    rewrite_header(&mut bytes, |h| h[10] = 1);
+    let err = first_error(&bytes, StreamLimits::default());
+    assert_eq!(
+        err,
+        StreamError::UnknownSection {
+            offset: HEADER_LEN as u64,
+            kind: KIND_WRITABLE_FRAMES
+        }
+    );
+}
+
+/// The push decoder hands out a hint in any segmentation, as the pull reader does.
+#[test]
+fn the_push_decoder_hands_out_a_hint_too() {
+    let mut w = StreamWriter::new(Vec::new(), &header()).unwrap();
+    w.write_writable_frames(&[Gfn(7), Gfn(8), Gfn(100)])
+        .unwrap();
+    let bytes = finish_with_states(w);
+    let sections = decode_in_chunks(&bytes, &[5, 17, 64]).unwrap();
+    assert!(sections.iter().any(|s| matches!(
+        s,
+        Section::WritableFrames(v) if v.len() == 2 && v[0].count == 2
+    )));
+    assert!(matches!(sections.last(), Some(Section::End(_))));
 }

@@ -562,3 +562,80 @@ fn verifying_before_the_stop_misses_nothing_the_guest_writes_after_it() {
         assert!(diff.is_identical(), "{profile:?}: {diff:?}");
     }
 }
+
+/// Before the switch-over marker the source names the frames the GPU can write (the frames its
+/// GTTs map), so that a destination can back those pre-copy found zero while the guest runs.
+#[test]
+fn the_source_names_the_frames_the_gpu_can_write_before_the_switch_over() {
+    use gmig_core::stream::{Section, StreamDecoder, StreamLimits, HEADER_LEN};
+    use std::io::{Read, Write};
+    let (s, _) = slices();
+    let mut vm = boot(Profile::Compute, 5, s);
+    vm.run_steps(BEFORE).unwrap();
+    let mut c = cfg(Policy::OneShot);
+    c.timeout = Duration::from_millis(500);
+    // A destination that takes everything but never answers the SYNC: the source gives up
+    // waiting for it, before the stop, and the stream so far is what it sent.
+    let (a, mut b) = tcp_pair();
+    let mute = thread::spawn(move || {
+        let mut head = [0u8; HEADER_LEN];
+        b.read_exact(&mut head).unwrap();
+        Control::HeaderAccepted.write_to(&mut b).unwrap();
+        b.flush().unwrap();
+        let mut got = head.to_vec();
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = b.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    });
+    let mut handle = source_handle(vm, &c).unwrap();
+    let err = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap_err();
+    assert_eq!(MigrationPhase::from(&err), MigrationPhase::PreCopy, "{err}");
+    let got = mute.join().unwrap();
+    // After the stream, the source's ABORTED control frame follows; the decoder stops there.
+    let mut d = StreamDecoder::new(StreamLimits::default(), None);
+    let mut sections = Vec::new();
+    for piece in got.chunks(4096) {
+        if d.feed(piece).is_err() {
+            break;
+        }
+        while let Ok(Some(s)) = d.next_section() {
+            sections.push(s);
+        }
+    }
+    let n = sections.len();
+    assert!(
+        matches!(sections[n - 1], Section::Sync(1)),
+        "ends with SYNC"
+    );
+    let hinted: Vec<u64> = sections
+        .iter()
+        .filter_map(|s| match s {
+            Section::WritableFrames(runs) => Some(runs),
+            _ => None,
+        })
+        .flatten()
+        .flat_map(gmig_core::stream::FrameRange::frames)
+        .map(|g| g.0)
+        .collect();
+    assert!(
+        matches!(sections[n - 2], Section::WritableFrames(_)),
+        "the hint comes right before the SYNC"
+    );
+    // The VM has not run since the SYNC was written: its GTTs map what they mapped then.
+    let vm = handle.into_device().into_vm();
+    let guest = RAM / 4096;
+    let want: Vec<u64> = vm
+        .vgpu()
+        .gtt_backed_pages()
+        .into_iter()
+        .map(|g| g.0)
+        .filter(|&g| g < guest)
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(hinted, want);
+}

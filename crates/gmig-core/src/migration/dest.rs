@@ -9,7 +9,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use super::vm::{MigratableVm, RestoreTimes, VmFactory};
 use crate::stream::{
-    Gfn, PageData, Section, StateKind, StreamDecoder, StreamError, StreamLimits, PAGE_SIZE,
+    frame_ranges, FrameRange, Gfn, PageData, Section, StateKind, StreamDecoder, StreamError,
+    StreamLimits, PAGE_SIZE,
 };
 
 /// Resuming side: receives a stream into private memory and restores a VM from it only once the
@@ -50,6 +51,7 @@ fn bad_stream(e: StreamError) -> DeviceError {
         | StreamError::SectionChecksum { offset, .. }
         | StreamError::StreamTooLarge { offset, .. }
         | StreamError::BadPageBatch { offset, .. }
+        | StreamError::BadFrameHint { offset, .. }
         | StreamError::PageOutOfRange { offset, .. }
         | StreamError::BadPageEncoding { offset, .. }
         | StreamError::EndMismatch { offset, .. }
@@ -71,21 +73,17 @@ fn bad_stream(e: StreamError) -> DeviceError {
 /// (`MADV_POPULATE_WRITE`), run by run; returns the frames backed. Best effort: a kernel without
 /// it (before 5.14) or a frame outside `mem` just leaves the rest to fault in when written.
 fn prefault(mem: &GuestMemoryMmap, frames: &[Gfn]) -> u64 {
-    let mut sorted: Vec<u64> = frames.iter().map(|g| g.0).collect();
-    sorted.sort_unstable();
-    sorted.dedup();
+    prefault_runs(mem, &frame_ranges(frames))
+}
+
+/// [`prefault`] of runs of frames.
+fn prefault_runs(mem: &GuestMemoryMmap, runs: &[FrameRange]) -> u64 {
     let mut backed = 0;
-    let mut i = 0;
-    while i < sorted.len() {
-        let start = sorted[i];
-        let mut n = 1;
-        while sorted.get(i + n) == Some(&(start + n as u64)) {
-            n += 1;
-        }
-        i += n;
+    for run in runs {
+        let (start, n) = (run.start.0, run.count);
         let (Some(addr), Some(len)) = (
             start.checked_mul(PAGE_SIZE as u64),
-            (n as u64).checked_mul(PAGE_SIZE as u64),
+            n.checked_mul(PAGE_SIZE as u64),
         ) else {
             continue;
         };
@@ -109,7 +107,7 @@ fn prefault(mem: &GuestMemoryMmap, frames: &[Gfn]) -> u64 {
         if r != 0 {
             return backed;
         }
-        backed += n as u64;
+        backed += n;
     }
     backed
 }
@@ -234,6 +232,19 @@ impl<F: VmFactory> DestDevice<F> {
                         frames = frames.len(),
                         backed = n,
                         "destination: device-writable frames backed during pre-copy"
+                    );
+                }
+            }
+            Section::WritableFrames(runs) => {
+                // Before the SYNC that follows is acknowledged, so while the guest still runs on
+                // the source: frames pre-copy found zero were never touched here, and the device
+                // may write them before the stop.
+                if let Some(mem) = &self.memory {
+                    let n = prefault_runs(mem, &runs);
+                    tracing::debug!(
+                        runs = runs.len(),
+                        backed = n,
+                        "destination: writable frames backed"
                     );
                 }
             }
@@ -408,5 +419,34 @@ mod tests {
         mem.read_slice(&mut back, GuestAddress(10 * PAGE_SIZE as u64))
             .unwrap();
         assert_eq!(back, [0u8; 16]);
+    }
+
+    /// A writable-frames hint is acted on as it arrives, before the SYNC after it is answered:
+    /// the frames it names are backed, and nothing else is.
+    #[test]
+    fn a_writable_frames_hint_backs_its_frames_before_the_sync() {
+        use crate::migration::synthetic::{SyntheticFactory, SYNTHETIC_TYPE};
+        use crate::stream::{GpuGeneration, StreamHeader, StreamWriter};
+        let factory = SyntheticFactory {
+            aperture_base: 0,
+            hidden_base: 0,
+            skip_remap: false,
+        };
+        let mut d = DestDevice::new(factory, StreamLimits::default());
+        d.start_resuming().unwrap();
+        let header = StreamHeader::new(GpuGeneration::Gen9, SYNTHETIC_TYPE, 0, 0, 64);
+        let mut w = StreamWriter::new(Vec::new(), &header).unwrap();
+        w.write_writable_frames(&[Gfn(11), Gfn(10), Gfn(40)])
+            .unwrap();
+        w.write_sync(1).unwrap();
+        d.resume_write(w.get_mut()).unwrap();
+        assert_eq!(d.synced(), Some(1));
+        let mem = d.memory.as_ref().unwrap();
+        for f in [10, 11, 40] {
+            assert!(resident(mem, f), "frame {f}");
+        }
+        for f in [9, 12, 20, 41] {
+            assert!(!resident(mem, f), "frame {f}");
+        }
     }
 }

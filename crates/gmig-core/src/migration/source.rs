@@ -681,9 +681,17 @@ impl<V: MigratableVm> StateSaver for SourceDevice<V> {
                 Phase::PreCopy if self.sync_pending && self.queue.is_empty() => {
                     self.sync_pending = false;
                     let seq = self.sync_seq;
-                    self.writer()?
-                        .write_sync(seq)
+                    // Before the switch-over marker, so the destination backs them while the
+                    // guest still runs: frames the device can write that pre-copy may have
+                    // found zero (the destination never touched those).
+                    // A frame outside guest memory (a GTT entry may name one) is left out.
+                    let guest = self.guest_pages;
+                    let mut writable = self.vm.device_writable_pages().unwrap_or_default();
+                    writable.retain(|g| g.0 < guest);
+                    let w = self.writer()?;
+                    w.write_writable_frames(&writable)
                         .map_err(|e| failed("stream", e))?;
+                    w.write_sync(seq).map_err(|e| failed("stream", e))?;
                 }
                 Phase::PreCopy => {
                     let n = self.send_queued()?;

@@ -156,6 +156,14 @@ pub enum StreamError {
         /// What is wrong.
         reason: &'static str,
     },
+    /// A writable-frames hint is malformed (format 1.2).
+    #[error("bad writable-frames hint at offset 0x{offset:x}: {reason}")]
+    BadFrameHint {
+        /// Offset of the offending range (or of the section).
+        offset: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A page record names a frame outside the guest memory the header declares.
     #[error(
         "page frame 0x{gfn:x} at offset 0x{offset:x} lies outside guest memory of {pages} pages"

@@ -43,6 +43,7 @@
 mod control;
 mod error;
 mod header;
+mod hint;
 mod pages;
 mod reader;
 mod wire;
@@ -51,11 +52,13 @@ mod writer;
 pub use control::{Control, CONTROL_MAGIC};
 pub use error::{Result, StreamError};
 pub use header::{Compatibility, Gfn, GpuGeneration, StateKind, StreamHeader, StreamLimits};
+pub use hint::{frame_ranges, FrameRange};
 pub use pages::{is_zero_page, PageBatch, PageData, PageIter};
 pub use reader::{load, LoadedStream, Section, StreamDecoder, StreamReader};
 pub use wire::{
-    VgpuTypeId, END_PAYLOAD_LEN, FORMAT_MAJOR, FORMAT_MINOR, HEADER_LEN, KIND_END, KIND_PAGES,
-    KIND_SYNC, MAGIC, MAX_PAGES_PER_BATCH, PAGE_BATCH_HEADER_LEN, PAGE_RECORD_LEN, PAGE_SIZE,
-    SECTION_HEADER_LEN, SECTION_VERSION, SYNC_PAYLOAD_LEN,
+    VgpuTypeId, END_PAYLOAD_LEN, FORMAT_MAJOR, FORMAT_MINOR, FRAME_RANGE_LEN, HEADER_LEN, KIND_END,
+    KIND_PAGES, KIND_SYNC, KIND_WRITABLE_FRAMES, MAGIC, MAX_FRAME_RANGES_PER_SECTION,
+    MAX_PAGES_PER_BATCH, PAGE_BATCH_HEADER_LEN, PAGE_RECORD_LEN, PAGE_SIZE, SECTION_HEADER_LEN,
+    SECTION_VERSION, SYNC_PAYLOAD_LEN,
 };
 pub use writer::{StreamSummary, StreamWriter};

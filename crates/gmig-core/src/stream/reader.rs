@@ -7,10 +7,12 @@ use zerocopy::FromBytes;
 
 use super::error::{Result, StreamError};
 use super::header::{Compatibility, StateKind, StreamHeader, StreamLimits};
+use super::hint::FrameRange;
 use super::pages::PageBatch;
 use super::wire::{
     payload_crc, section_crc_with, WireEnd, WireSection, END_PAYLOAD_LEN, HEADER_LEN, KIND_END,
-    KIND_PAGES, KIND_SYNC, SECTION_HEADER_LEN, SECTION_VERSION, SYNC_PAYLOAD_LEN,
+    KIND_PAGES, KIND_SYNC, KIND_WRITABLE_FRAMES, SECTION_HEADER_LEN, SECTION_VERSION,
+    SYNC_PAYLOAD_LEN,
 };
 use super::writer::StreamSummary;
 
@@ -30,6 +32,9 @@ pub enum Section {
     /// A switch-over marker and its sequence number: the source waits until the destination says
     /// it has applied everything up to here (format 1.1).
     Sync(u64),
+    /// Guest frames the device can write, as sorted disjoint runs (format 1.2): advisory, for a
+    /// destination to back with memory before the stop.
+    WritableFrames(Vec<FrameRange>),
     /// The END section: the stream is complete and consistent.
     End(StreamSummary),
 }
@@ -74,10 +79,13 @@ impl Validator {
         let sec = self.parse_head(head)?;
         let kind = sec.kind.get();
         let len = sec.length.get();
+        // A writable-frames hint exists from format 1.2 on; an older stream cannot hold one.
+        let hint = kind == KIND_WRITABLE_FRAMES && self.header.format_minor >= 2;
         if StateKind::from_wire(kind).is_none()
             && kind != KIND_PAGES
             && kind != KIND_END
             && kind != KIND_SYNC
+            && !hint
         {
             return Err(StreamError::UnknownSection { offset: at, kind });
         }
@@ -149,6 +157,10 @@ impl Validator {
             return self.finish_end(at, &payload, stream_crc_before);
         }
         self.summary.sections += 1;
+        if kind == KIND_WRITABLE_FRAMES {
+            let ranges = super::hint::parse(&payload, self.header.guest_pages, payload_at)?;
+            return Ok(Section::WritableFrames(ranges));
+        }
         if kind == KIND_SYNC {
             let seq: [u8; SYNC_PAYLOAD_LEN] =
                 payload
@@ -312,7 +324,10 @@ impl<R: Read> StreamReader<R> {
         let result = self.read_section();
         if !matches!(
             result,
-            Ok(Section::Pages(_) | Section::State { .. } | Section::Sync(_))
+            Ok(Section::Pages(_)
+                | Section::State { .. }
+                | Section::Sync(_)
+                | Section::WritableFrames(_))
         ) {
             self.done = true;
         }
@@ -496,7 +511,7 @@ pub fn load<R: Read>(
         match reader.next_section()? {
             Some(Section::State { kind, payload }) => states.push((kind, payload)),
             Some(Section::Pages(b)) => batches.push(b),
-            Some(Section::Sync(_)) => {}
+            Some(Section::Sync(_) | Section::WritableFrames(_)) => {}
             Some(Section::End(summary)) => {
                 states.sort_by_key(|(k, _)| *k);
                 return Ok(LoadedStream {

@@ -9,7 +9,7 @@ pub const MAGIC: [u8; 8] = *b"GMIGSTRM";
 /// Format major version written and the only one read: a different major is refused.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Newest format minor version understood; streams of an older minor are read, newer refused.
-pub const FORMAT_MINOR: u16 = 1;
+pub const FORMAT_MINOR: u16 = 2;
 /// Size of a guest page in bytes.
 pub const PAGE_SIZE: usize = 4096;
 /// Size of the stream header in bytes.
@@ -40,6 +40,13 @@ pub const KIND_END: u16 = 8;
 pub const KIND_SYNC: u16 = 10;
 /// Size of a SYNC section's payload: the marker's sequence number.
 pub const SYNC_PAYLOAD_LEN: usize = 8;
+/// Section kind of a writable-frames hint (format 1.2): guest frames the device can write, which
+/// a destination may back with memory before the stop. Advisory: ignoring it is correct.
+pub const KIND_WRITABLE_FRAMES: u16 = 11;
+/// Size of one frame range in a writable-frames hint: first frame (u64) and count (u64).
+pub const FRAME_RANGE_LEN: usize = 16;
+/// Most ranges one writable-frames section carries (a writer splits longer lists).
+pub const MAX_FRAME_RANGES_PER_SECTION: usize = 4096;
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]

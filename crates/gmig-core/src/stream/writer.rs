@@ -2,8 +2,10 @@
 
 use super::error::Result;
 use super::error::StreamError;
+use super::header::Gfn;
 use super::header::StateKind;
 use super::header::StreamHeader;
+use super::hint::{encode, frame_ranges};
 use super::pages::PageBatch;
 use super::wire::WireEnd;
 use super::wire::WireSection;
@@ -14,6 +16,7 @@ use super::wire::KIND_SYNC;
 use super::wire::SECTION_HEADER_LEN;
 use super::wire::SECTION_VERSION;
 use super::wire::{payload_crc, section_crc_with};
+use super::wire::{KIND_WRITABLE_FRAMES, MAX_FRAME_RANGES_PER_SECTION};
 use std::io;
 use std::io::Write;
 use zerocopy::little_endian::U16;
@@ -41,6 +44,9 @@ pub struct StreamWriter<W: Write> {
     crc: crc32fast::Hasher,
     summary: StreamSummary,
     states: Vec<StateKind>,
+    /// From the header: guest frames and the format minor written.
+    guest_pages: u64,
+    format_minor: u16,
 }
 
 impl<W: Write> StreamWriter<W> {
@@ -61,6 +67,8 @@ impl<W: Write> StreamWriter<W> {
                 ..StreamSummary::default()
             },
             states: Vec::new(),
+            guest_pages: header.guest_pages,
+            format_minor: header.format_minor,
         })
     }
 
@@ -135,6 +143,32 @@ impl<W: Write> StreamWriter<W> {
     pub fn write_sync(&mut self, seq: u64) -> Result<()> {
         self.write_section(KIND_SYNC, &seq.to_le_bytes())?;
         self.summary.sections += 1;
+        Ok(())
+    }
+
+    /// Write a writable-frames hint (format 1.2) naming `frames` (any order, repeats allowed), as
+    /// sorted runs, in as many sections as it takes; nothing is written for no frames, nor into
+    /// a stream whose header declares a format older than 1.2 (it cannot carry one). Every frame
+    /// must lie below the header's `guest_pages`.
+    pub fn write_writable_frames(&mut self, frames: &[Gfn]) -> Result<()> {
+        if self.format_minor < 2 {
+            return Ok(());
+        }
+        let ranges = frame_ranges(frames);
+        if let Some(r) = ranges
+            .last()
+            .filter(|r| r.start.0.saturating_add(r.count) > self.guest_pages)
+        {
+            return Err(StreamError::PageOutOfRange {
+                offset: self.summary.bytes,
+                gfn: r.start.0.saturating_add(r.count - 1),
+                pages: self.guest_pages,
+            });
+        }
+        for part in ranges.chunks(MAX_FRAME_RANGES_PER_SECTION) {
+            self.write_section(KIND_WRITABLE_FRAMES, &encode(part))?;
+            self.summary.sections += 1;
+        }
         Ok(())
     }
 
