@@ -302,6 +302,10 @@ pub enum BenchWhat {
     Migrate(BenchMigrateArgs),
     /// Reproduce the shape of gMig's evaluation beside the paper's figures.
     Paper(BenchPaperArgs),
+    /// Whole-VM live migration of a real KVM guest driving the vGPU (needs /dev/kvm): guest RAM
+    /// migrated by the VMM through KVM's dirty log and the vGPU's DMA log, separate from the
+    /// vGPU's own stream. Profiles × guest RAM sizes × link speeds × repetitions.
+    Vm(BenchVmArgs),
 }
 
 /// Knobs shared by `gmig bench migrate` and `gmig bench paper`.
@@ -370,6 +374,43 @@ pub struct BenchMigrateArgs {
     pub policies: Vec<PolicyArg>,
     #[command(flatten)]
     pub common: BenchCommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchVmArgs {
+    /// Guest programs (comma-separated: desktop, compute; default both).
+    #[arg(long, value_delimiter = ',')]
+    pub profiles: Vec<String>,
+    /// Guest RAM sizes in MiB (comma-separated; default 64,512).
+    #[arg(long, value_delimiter = ',')]
+    pub ram_mib: Vec<u64>,
+    /// Link speeds: `unlimited` or Gbit/s (comma-separated; default unlimited,10).
+    #[arg(long, value_delimiter = ',')]
+    pub links: Vec<String>,
+    /// Repetitions per row.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Frames the guest renders before it halts.
+    #[arg(long, default_value_t = 48)]
+    pub frames: u32,
+    /// The migration starts once the guest has completed this many frames.
+    #[arg(long, default_value_t = 16)]
+    pub at_frame: u64,
+    /// Pages of ordinary guest RAM the guest's CPU rewrites every frame (its CPU dirty rate).
+    #[arg(long, default_value_t = 64)]
+    pub scratch_pages: u32,
+    /// Framebuffer width.
+    #[arg(long, default_value_t = 256)]
+    pub width: u32,
+    /// Framebuffer height.
+    #[arg(long, default_value_t = 192)]
+    pub height: u32,
+    /// Guest exits between two pre-copy rounds.
+    #[arg(long, default_value_t = 64)]
+    pub round_exits: u64,
+    /// Seed of the guest's random choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Args)]

@@ -27,7 +27,7 @@ pub(crate) fn link_name(l: Option<f64>) -> String {
     l.map_or_else(|| "unlimited".to_owned(), |g| format!("{g} Gbit/s"))
 }
 
-fn parse_link(s: &str) -> anyhow::Result<Option<f64>> {
+pub(crate) fn parse_link(s: &str) -> anyhow::Result<Option<f64>> {
     let t = s.trim();
     if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("inf") {
         return Ok(None);

@@ -6,6 +6,7 @@ pub mod bench_migrate;
 pub mod bench_paper;
 pub mod bench_plot;
 pub mod bench_report;
+pub mod bench_vm;
 pub mod decode;
 pub mod demo;
 pub mod migrate;

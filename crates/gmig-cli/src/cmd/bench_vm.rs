@@ -1,0 +1,236 @@
+//! `gmig bench vm`: whole-VM live migration of a real KVM guest, repeated over a matrix.
+//!
+//! Here guest RAM is not the vGPU's: the VMM (`gmig-vmm`) migrates it with iterative pre-copy
+//! over KVM's dirty log joined with the vGPU's DMA log (the pages the GPU wrote behind KVM's
+//! back), and the vGPU's own stream carries its state only. The guest's CPU rewrites
+//! `--scratch-pages` of ordinary RAM every frame (its CPU dirty rate). Each repetition also runs
+//! the guest unmigrated and checks the migrated run against it.
+
+use std::fmt::Write as _;
+
+use anyhow::anyhow;
+use gmig_vmm::loopback::{loopback, LoopbackReport};
+use gmig_vmm::migrate::Options;
+use gmig_vmm::{GuestConfig, GuestProfile};
+use serde::Serialize;
+
+use super::bench_matrix::{link_name, parse_link};
+use super::bench_report::{command_line, machine};
+use crate::bench::Summary;
+use crate::cli::BenchVmArgs;
+use crate::exit::Failure;
+
+/// One case of the matrix, condensed over its repetitions (medians unless said).
+#[derive(Debug, Clone, Serialize)]
+pub struct VmRow {
+    /// Guest program.
+    pub profile: String,
+    /// Guest RAM, MiB.
+    pub ram_mib: u64,
+    /// Link speed, Gbit/s (`null`: unlimited).
+    pub link_gbps: Option<f64>,
+    /// Repetitions.
+    pub reps: usize,
+    /// Guest RAM pages the guest's CPU rewrites per frame.
+    pub scratch_pages: u32,
+    /// Source vCPU paused → destination acknowledged.
+    pub downtime_ms: Summary,
+    /// Every repetition's downtime, ms.
+    pub downtime_samples_ms: Vec<f64>,
+    /// Source vCPU paused → destination vCPU runnable (one clock).
+    pub dest_downtime_ms: f64,
+    /// Downtime phases: the last dirty-log reads and RAM pages,
+    pub ram_ms: f64,
+    /// the vGPU's stop (its drain) and stop-copy data,
+    pub vgpu_ms: f64,
+    /// the vCPU, COM1 and configuration space,
+    pub vcpu_ms: f64,
+    /// the flush and the destination's restore up to its acknowledgement.
+    pub transfer_ms: f64,
+    /// Pre-copy rounds, the first full pass included.
+    pub rounds: u64,
+    /// RAM pages sent while the guest ran.
+    pub precopy_pages: u64,
+    /// RAM pages sent while it was paused.
+    pub final_pages: u64,
+    /// Of those, pages only the vGPU's DMA log reported.
+    pub final_gpu_only_pages: u64,
+    /// vGPU stop-copy bytes.
+    pub device_stop_bytes: u64,
+    /// Bytes on the wire.
+    pub wire_bytes: u64,
+    /// Whole migration, ms.
+    pub total_ms: f64,
+    /// Every migrated run equals its unmigrated run (serial output, RAM, exits).
+    pub identical: bool,
+}
+
+fn median(v: &[f64]) -> f64 {
+    Summary::of(v).map_or(0.0, |s| s.p50)
+}
+
+fn median_u(v: impl Iterator<Item = u64>) -> u64 {
+    let mut v: Vec<u64> = v.collect();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
+
+fn row_of(
+    profile: GuestProfile,
+    ram_mib: u64,
+    link: Option<f64>,
+    scratch_pages: u32,
+    runs: &[LoopbackReport],
+) -> anyhow::Result<VmRow> {
+    let m: Vec<_> = runs.iter().map(|r| r.migration).collect();
+    let f = |g: fn(&gmig_vmm::migrate::Report) -> f64| m.iter().map(g).collect::<Vec<f64>>();
+    let u = |g: fn(&gmig_vmm::migrate::Report) -> u64| median_u(m.iter().map(g));
+    let samples = f(|r| r.downtime_ms);
+    Ok(VmRow {
+        profile: profile.name().to_owned(),
+        ram_mib,
+        link_gbps: link,
+        reps: runs.len(),
+        scratch_pages,
+        downtime_ms: Summary::of(&samples).ok_or_else(|| anyhow!("no repetitions"))?,
+        downtime_samples_ms: samples,
+        dest_downtime_ms: median(&f(|r| r.dest_downtime_ms)),
+        ram_ms: median(&f(|r| r.ram_ms)),
+        vgpu_ms: median(&f(|r| r.vgpu_ms)),
+        vcpu_ms: median(&f(|r| r.vcpu_ms)),
+        transfer_ms: median(&f(|r| r.transfer_ms)),
+        rounds: u(|r| u64::from(r.rounds)),
+        precopy_pages: u(|r| r.precopy_pages),
+        final_pages: u(|r| r.final_pages),
+        final_gpu_only_pages: u(|r| r.final_gpu_only_pages),
+        device_stop_bytes: u(|r| r.device_stop_bytes),
+        wire_bytes: u(|r| r.wire_bytes),
+        total_ms: median(&f(|r| r.total_ms)),
+        identical: runs.iter().all(|r| r.identical),
+    })
+}
+
+/// Run `gmig bench vm`.
+pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        return Err(anyhow!("/dev/kvm is absent: `gmig bench vm` runs a real KVM guest").into());
+    }
+    if a.reps == 0 {
+        return Err(anyhow!("--reps must be at least 1").into());
+    }
+    if a.at_frame >= u64::from(a.frames) {
+        return Err(anyhow!("--at-frame must be below --frames").into());
+    }
+    let profiles = if a.profiles.is_empty() {
+        GuestProfile::ALL.to_vec()
+    } else {
+        a.profiles
+            .iter()
+            .map(|p| {
+                GuestProfile::from_name(p)
+                    .ok_or_else(|| anyhow!("unknown guest profile `{p}` (desktop, compute)"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    let rams = if a.ram_mib.is_empty() {
+        vec![64, 512]
+    } else {
+        a.ram_mib.clone()
+    };
+    if rams.contains(&0) {
+        return Err(anyhow!("--ram-mib must be at least 1").into());
+    }
+    let links = if a.links.is_empty() {
+        vec![None, Some(10.0)]
+    } else {
+        a.links
+            .iter()
+            .map(|l| parse_link(l))
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    let mut rows = Vec::new();
+    let total = profiles.len() * rams.len() * links.len();
+    for &profile in &profiles {
+        for &ram_mib in &rams {
+            for &link in &links {
+                let cfg = GuestConfig {
+                    profile,
+                    frames: a.frames,
+                    width: a.width,
+                    height: a.height,
+                    scratch_pages: a.scratch_pages,
+                    seed: a.seed,
+                };
+                let opts = Options {
+                    round_exits: a.round_exits,
+                    link_gbps: link,
+                    ..Options::default()
+                };
+                let mut runs = Vec::with_capacity(a.reps);
+                for _ in 0..a.reps {
+                    let r = loopback(&cfg, ram_mib << 20, a.at_frame, &opts)
+                        .map_err(|e| anyhow!("{} guest, {ram_mib} MiB: {e}", profile.name()))?;
+                    runs.push(r);
+                }
+                let row = row_of(profile, ram_mib, link, a.scratch_pages, &runs)?;
+                eprintln!(
+                    "[{}/{total}] {:<8} {:>5} MiB  {:<11} downtime p50 {:7.2} ms  ({} RAM pages in downtime, {} only the vGPU's log had)",
+                    rows.len() + 1,
+                    row.profile,
+                    row.ram_mib,
+                    link_name(row.link_gbps),
+                    row.downtime_ms.p50,
+                    row.final_pages,
+                    row.final_gpu_only_pages
+                );
+                rows.push(row);
+            }
+        }
+    }
+    if json {
+        let v = serde_json::json!({
+            "command": command_line(),
+            "machine": machine(),
+            "rows": rows,
+        });
+        println!("{v}");
+    } else {
+        print!("{}", markdown(&rows));
+    }
+    if rows.iter().any(|r| !r.identical) {
+        return Err(Failure::Check(
+            "a migrated guest differs from its unmigrated run".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The rows as a Markdown table.
+pub fn markdown(rows: &[VmRow]) -> String {
+    let mut s = String::new();
+    s.push_str("| profile | RAM MiB | link | downtime p50 / p95 / max (ms) | dest view (ms) | RAM | vGPU | vCPU | transfer | rounds | pages pre / final (vGPU only) | identical |\n");
+    s.push_str("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} / {} ({}) | {} |",
+            r.profile,
+            r.ram_mib,
+            link_name(r.link_gbps),
+            r.downtime_ms.p50,
+            r.downtime_ms.p95,
+            r.downtime_ms.max,
+            r.dest_downtime_ms,
+            r.ram_ms,
+            r.vgpu_ms,
+            r.vcpu_ms,
+            r.transfer_ms,
+            r.rounds,
+            r.precopy_pages,
+            r.final_pages,
+            r.final_gpu_only_pages,
+            r.identical
+        );
+    }
+    s
+}

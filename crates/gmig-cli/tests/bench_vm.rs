@@ -1,0 +1,111 @@
+//! `gmig bench vm --json`: a whole-VM migration of a real KVM guest, its RAM migrated by the VMM
+//! separately from the vGPU. Needs /dev/kvm; skips loudly without it.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn kvm() -> bool {
+    let ok = std::path::Path::new("/dev/kvm").exists();
+    if !ok {
+        eprintln!("SKIP: /dev/kvm is absent, so no real KVM guest to migrate");
+    }
+    ok
+}
+
+fn f(v: &Value, path: &[&str]) -> f64 {
+    let mut x = v;
+    for p in path {
+        x = &x[*p];
+    }
+    x.as_f64()
+        .unwrap_or_else(|| panic!("{path:?} is not a number in {v}"))
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
+}
+
+#[test]
+fn a_tiny_vm_matrix_is_consistent_and_identical() {
+    if !kvm() {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_gmig"))
+        .args([
+            "--json",
+            "bench",
+            "vm",
+            "--profiles",
+            "compute",
+            "--ram-mib",
+            "32",
+            "--links",
+            "unlimited,25",
+            "--reps",
+            "1",
+            "--frames",
+            "12",
+            "--at-frame",
+            "4",
+            "--scratch-pages",
+            "32",
+        ])
+        .output()
+        .expect("gmig runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in rows {
+        assert_eq!(r["profile"], "compute");
+        assert_eq!(u(r, "ram_mib"), 32);
+        assert_eq!(u(r, "scratch_pages"), 32);
+        assert_eq!(r["identical"], true, "{r}");
+        let p50 = f(r, &["downtime_ms", "p50"]);
+        assert!(p50 > 0.0 && p50 <= f(r, &["total_ms"]), "{r}");
+        // The phases are parts of the source's downtime.
+        let parts: f64 = ["ram_ms", "vgpu_ms", "vcpu_ms", "transfer_ms"]
+            .iter()
+            .map(|k| f(r, &[k]))
+            .sum();
+        assert!(parts <= p50 * 1.001 + 1e-6, "{parts} > {p50}: {r}");
+        // Round 0 sends the non-zero pages of guest RAM (the destination's starts zeroed), each
+        // with its 4 KiB on the wire.
+        let pre = u(r, "precopy_pages");
+        assert!(pre > 0, "{r}");
+        assert!(
+            u(r, "wire_bytes") >= (pre + u(r, "final_pages")) * 4096,
+            "{r}"
+        );
+        assert!(u(r, "final_gpu_only_pages") <= u(r, "final_pages"), "{r}");
+        assert!(u(r, "rounds") >= 1, "{r}");
+    }
+    assert!(rows[0]["link_gbps"].is_null());
+    assert_eq!(f(&rows[1], &["link_gbps"]), 25.0);
+}
+
+#[test]
+fn bad_vm_bench_arguments_are_refused() {
+    for bad in [
+        &["--profiles", "idle"][..],
+        &["--ram-mib", "0"][..],
+        &["--links", "0"][..],
+        &["--reps", "0"][..],
+        &["--at-frame", "48"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gmig"))
+            .args(["bench", "vm"])
+            .args(bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?} accepted");
+        assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
+    }
+}
