@@ -5,6 +5,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+use common::{f, u};
+
 const TINY: [&str; 8] = [
     "--types",
     "64+384",
@@ -29,21 +32,6 @@ fn gmig(args: &[&str]) -> Value {
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.lines().count(), 1, "one JSON object: {text}");
     serde_json::from_str(&text).unwrap()
-}
-
-fn f(v: &Value, path: &[&str]) -> f64 {
-    let mut x = v;
-    for p in path {
-        x = &x[*p];
-    }
-    x.as_f64()
-        .unwrap_or_else(|| panic!("{path:?} is not a number in {v}"))
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
 }
 
 #[test]

@@ -5,27 +5,15 @@ use std::process::Command;
 
 use serde_json::Value;
 
+mod common;
+use common::{f, u};
+
 fn kvm() -> bool {
     let ok = std::path::Path::new("/dev/kvm").exists();
     if !ok {
         eprintln!("SKIP: /dev/kvm is absent, so no real KVM guest to migrate");
     }
     ok
-}
-
-fn f(v: &Value, path: &[&str]) -> f64 {
-    let mut x = v;
-    for p in path {
-        x = &x[*p];
-    }
-    x.as_f64()
-        .unwrap_or_else(|| panic!("{path:?} is not a number in {v}"))
-}
-
-fn u(v: &Value, key: &str) -> u64 {
-    v[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{key} is not an unsigned integer in {v}"))
 }
 
 #[test]

@@ -579,25 +579,10 @@ mod hand_over {
     }
 }
 
-/// The sections a byte capture decodes to (as far as it is complete).
-fn sections_of(bytes: &[u8]) -> Vec<gmig_core::stream::Section> {
-    let mut d = gmig_core::stream::StreamDecoder::new(StreamLimits::default(), None);
-    let mut out = Vec::new();
-    for piece in bytes.chunks(4096) {
-        if d.feed(piece).is_err() {
-            break;
-        }
-        while let Ok(Some(s)) = d.next_section() {
-            out.push(s);
-        }
-    }
-    out
-}
-
 #[test]
 fn the_source_stops_the_vm_only_once_the_destination_acknowledged_the_switch_over() {
-    use gmig_core::stream::{Control, Section, StateKind, HEADER_LEN};
-    use std::io::{Read, Write};
+    use gmig_core::stream::{Section, StateKind};
+    use gmig_test_support::{mute_destination, sections_of};
     // A destination that accepts the header and reads everything, but never answers a SYNC.
     for ack in [true, false] {
         let mut vm = SyntheticVm::new(synth_cfg(4, 0), SRC_AP, SRC_HID).unwrap();
@@ -607,22 +592,8 @@ fn the_source_stops_the_vm_only_once_the_destination_acknowledged_the_switch_ove
         let mut c = cfg(Policy::OneShot);
         c.timeout = Duration::from_millis(500);
         c.switchover_ack = ack;
-        let (a, mut b) = mem_pair(1 << 16);
-        let mute = thread::spawn(move || {
-            let mut head = [0u8; HEADER_LEN];
-            b.read_exact(&mut head).unwrap();
-            Control::HeaderAccepted.write_to(&mut b).unwrap();
-            b.flush().unwrap();
-            let mut got = head.to_vec();
-            let mut buf = vec![0u8; 1 << 16];
-            while let Ok(n) = b.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                got.extend_from_slice(&buf[..n]);
-            }
-            got
-        });
+        let (a, b) = mem_pair(1 << 16);
+        let mute = mute_destination(b);
         let mut handle = source_handle(vm, &c).unwrap();
         let err = migrate_source(&mut handle, Box::new(a), &c, &mut |_| {}).unwrap_err();
         let got = mute.join().unwrap();

@@ -122,6 +122,50 @@ pub fn tcp_pair() -> (Box<dyn Connection>, Box<dyn Connection>) {
     (a, t.join().expect("accepting thread"))
 }
 
+/// A destination that accepts the stream's header and then reads everything, never answering
+/// (a SYNC stays unanswered), until the source hangs up. The thread returns the bytes that came.
+///
+/// # Panics
+/// In the thread, when the header cannot be read or the acceptance cannot be written.
+pub fn mute_destination<C: Read + Write + Send + 'static>(
+    mut conn: C,
+) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut head = [0u8; gmig_core::stream::HEADER_LEN];
+        conn.read_exact(&mut head).expect("stream header");
+        gmig_core::stream::Control::HeaderAccepted
+            .write_to(&mut conn)
+            .expect("accept the header");
+        conn.flush().expect("flush the acceptance");
+        let mut got = head.to_vec();
+        let mut buf = vec![0u8; 1 << 16];
+        while let Ok(n) = conn.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    })
+}
+
+/// The sections a byte capture of a stream decodes to, as far as it is complete and valid (a
+/// capture may end mid-section, or go on with a control frame).
+pub fn sections_of(bytes: &[u8]) -> Vec<gmig_core::stream::Section> {
+    let limits = gmig_core::stream::StreamLimits::default();
+    let mut d = gmig_core::stream::StreamDecoder::new(limits, None);
+    let mut out = Vec::new();
+    for piece in bytes.chunks(4096) {
+        if d.feed(piece).is_err() {
+            break;
+        }
+        while let Ok(Some(s)) = d.next_section() {
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// Asserts that a finished command exited successfully, showing its stderr when it did not.
 ///
 /// # Panics

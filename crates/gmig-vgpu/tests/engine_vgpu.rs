@@ -567,8 +567,8 @@ fn verifying_before_the_stop_misses_nothing_the_guest_writes_after_it() {
 /// GTTs map), so that a destination can back those pre-copy found zero while the guest runs.
 #[test]
 fn the_source_names_the_frames_the_gpu_can_write_before_the_switch_over() {
-    use gmig_core::stream::{Section, StreamDecoder, StreamLimits, HEADER_LEN};
-    use std::io::{Read, Write};
+    use gmig_core::stream::Section;
+    use gmig_test_support::{mute_destination, sections_of};
     let (s, _) = slices();
     let mut vm = boot(Profile::Compute, 5, s);
     vm.run_steps(BEFORE).unwrap();
@@ -576,37 +576,14 @@ fn the_source_names_the_frames_the_gpu_can_write_before_the_switch_over() {
     c.timeout = Duration::from_millis(500);
     // A destination that takes everything but never answers the SYNC: the source gives up
     // waiting for it, before the stop, and the stream so far is what it sent.
-    let (a, mut b) = tcp_pair();
-    let mute = thread::spawn(move || {
-        let mut head = [0u8; HEADER_LEN];
-        b.read_exact(&mut head).unwrap();
-        Control::HeaderAccepted.write_to(&mut b).unwrap();
-        b.flush().unwrap();
-        let mut got = head.to_vec();
-        let mut buf = vec![0u8; 1 << 16];
-        while let Ok(n) = b.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        got
-    });
+    let (a, b) = tcp_pair();
+    let mute = mute_destination(b);
     let mut handle = source_handle(vm, &c).unwrap();
     let err = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap_err();
     assert_eq!(MigrationPhase::from(&err), MigrationPhase::PreCopy, "{err}");
     let got = mute.join().unwrap();
-    // After the stream, the source's ABORTED control frame follows; the decoder stops there.
-    let mut d = StreamDecoder::new(StreamLimits::default(), None);
-    let mut sections = Vec::new();
-    for piece in got.chunks(4096) {
-        if d.feed(piece).is_err() {
-            break;
-        }
-        while let Ok(Some(s)) = d.next_section() {
-            sections.push(s);
-        }
-    }
+    // After the stream, the source's ABORTED control frame follows; decoding stops there.
+    let sections = sections_of(&got);
     let n = sections.len();
     assert!(
         matches!(sections[n - 1], Section::Sync(1)),

@@ -325,11 +325,11 @@ pub struct Row {
     pub downtime_over_bound: f64,
 }
 
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     Summary::of(v).map_or(0.0, |s| s.p50)
 }
 
-fn median_u(v: impl Iterator<Item = u64>) -> u64 {
+pub(crate) fn median_u(v: impl Iterator<Item = u64>) -> u64 {
     let mut v: Vec<u64> = v.collect();
     v.sort_unstable();
     v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)

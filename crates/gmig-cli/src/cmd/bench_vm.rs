@@ -14,7 +14,7 @@ use gmig_vmm::migrate::Options;
 use gmig_vmm::{GuestConfig, GuestProfile};
 use serde::Serialize;
 
-use super::bench_matrix::{link_name, parse_link};
+use super::bench_matrix::{link_name, median, median_u, parse_link};
 use super::bench_report::{command_line, machine};
 use crate::bench::Summary;
 use crate::cli::BenchVmArgs;
@@ -63,16 +63,6 @@ pub struct VmRow {
     pub total_ms: f64,
     /// Every migrated run equals its unmigrated run (serial output, RAM, exits).
     pub identical: bool,
-}
-
-fn median(v: &[f64]) -> f64 {
-    Summary::of(v).map_or(0.0, |s| s.p50)
-}
-
-fn median_u(v: impl Iterator<Item = u64>) -> u64 {
-    let mut v: Vec<u64> = v.collect();
-    v.sort_unstable();
-    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
 }
 
 fn row_of(
