@@ -102,9 +102,6 @@ fn row_of(
 
 /// Run `gmig bench vm`.
 pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
-    if !std::path::Path::new("/dev/kvm").exists() {
-        return Err(anyhow!("/dev/kvm is absent: `gmig bench vm` runs a real KVM guest").into());
-    }
     if a.reps == 0 {
         return Err(anyhow!("--reps must be at least 1").into());
     }
@@ -127,8 +124,11 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
     } else {
         a.ram_mib.clone()
     };
-    if rams.contains(&0) {
-        return Err(anyhow!("--ram-mib must be at least 1").into());
+    if rams
+        .iter()
+        .any(|&m| m == 0 || m.checked_mul(1 << 20).is_none())
+    {
+        return Err(anyhow!("--ram-mib must be at least 1 and fit in 64 bits of bytes").into());
     }
     let links = if a.links.is_empty() {
         vec![None, Some(10.0)]
@@ -138,6 +138,9 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
             .map(|l| parse_link(l))
             .collect::<anyhow::Result<Vec<_>>>()?
     };
+    if !std::path::Path::new("/dev/kvm").exists() {
+        return Err(anyhow!("/dev/kvm is absent: `gmig bench vm` runs a real KVM guest").into());
+    }
     let mut rows = Vec::new();
     let total = profiles.len() * rams.len() * links.len();
     for &profile in &profiles {

@@ -25,10 +25,10 @@ pub struct FrameRange {
 }
 
 impl FrameRange {
-    /// The frames of the run.
+    /// The frames of the run (those below 2^64: a run a reader validated lies wholly there).
     pub fn frames(&self) -> impl Iterator<Item = Gfn> {
         let start = self.start.0;
-        (0..self.count).map(move |i| Gfn(start + i))
+        (0..self.count).map_while(move |i| start.checked_add(i).map(Gfn))
     }
 }
 
