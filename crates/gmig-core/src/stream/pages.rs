@@ -24,6 +24,15 @@ pub enum PageData<'a> {
     Full(&'a [u8; PAGE_SIZE]),
 }
 
+/// The record that introduces `gfn`'s page in a batch.
+fn record(gfn: Gfn, zero: bool) -> WirePageRecord {
+    WirePageRecord {
+        gfn: U64::new(gfn.0),
+        encoding: U32::new(if zero { ENCODING_ZERO } else { ENCODING_FULL }),
+        reserved: U32::new(0),
+    }
+}
+
 /// A batch of pages, built by a sender or parsed (and fully validated) by a receiver.
 ///
 /// The batch keeps its wire payload as is, so sending copies nothing more and receiving hands out
@@ -92,21 +101,22 @@ impl PageBatch {
             return false;
         }
         let zero = is_zero_page(page);
-        let record = WirePageRecord {
-            gfn: U64::new(gfn.0),
-            encoding: U32::new(if zero { ENCODING_ZERO } else { ENCODING_FULL }),
-            reserved: U32::new(0),
-        };
-        self.payload.extend_from_slice(record.as_bytes());
+        self.payload.extend_from_slice(record(gfn, zero).as_bytes());
+        if !zero {
+            self.payload.extend_from_slice(page);
+        }
+        self.counted(zero);
+        true
+    }
+
+    /// Counts a record just appended (a zero marker or not) in the batch and its header.
+    fn counted(&mut self, zero: bool) {
         if zero {
             self.zero += 1;
-        } else {
-            self.payload.extend_from_slice(page);
         }
         self.count += 1;
         let count = self.count.to_le_bytes();
         self.payload[..4].copy_from_slice(&count);
-        true
     }
 
     /// Add a page that `fill` writes straight into the batch (no intermediate copy), as a zero
@@ -120,13 +130,8 @@ impl PageBatch {
         if self.is_full() {
             return Ok(false);
         }
+        // Room for the record and the page; the record is written once the page is known.
         let at = self.payload.len();
-        let record = WirePageRecord {
-            gfn: U64::new(gfn.0),
-            encoding: U32::new(ENCODING_FULL),
-            reserved: U32::new(0),
-        };
-        self.payload.extend_from_slice(record.as_bytes());
         self.payload.resize(at + PAGE_RECORD_LEN + PAGE_SIZE, 0);
         // The payload was just grown by a record and a page, so its last PAGE_SIZE bytes are the
         // page; should that ever not hold, nothing is added.
@@ -142,18 +147,10 @@ impl PageBatch {
             }
         };
         if zero {
-            let record = WirePageRecord {
-                gfn: U64::new(gfn.0),
-                encoding: U32::new(ENCODING_ZERO),
-                reserved: U32::new(0),
-            };
-            self.payload.truncate(at);
-            self.payload.extend_from_slice(record.as_bytes());
-            self.zero += 1;
+            self.payload.truncate(at + PAGE_RECORD_LEN);
         }
-        self.count += 1;
-        let count = self.count.to_le_bytes();
-        self.payload[..4].copy_from_slice(&count);
+        self.payload[at..at + PAGE_RECORD_LEN].copy_from_slice(record(gfn, zero).as_bytes());
+        self.counted(zero);
         Ok(true)
     }
 

@@ -322,13 +322,8 @@ impl<R: Read> StreamReader<R> {
             return Ok(None);
         }
         let result = self.read_section();
-        if !matches!(
-            result,
-            Ok(Section::Pages(_)
-                | Section::State { .. }
-                | Section::Sync(_)
-                | Section::WritableFrames(_))
-        ) {
+        // END and any error end the stream; every other section kind continues it.
+        if matches!(result, Ok(Section::End(_)) | Err(_)) {
             self.done = true;
         }
         result.map(Some)
