@@ -366,6 +366,37 @@ fn dw(d: &Decoded<'_>, i: usize) -> u32 {
     d.dword(i).unwrap_or(0)
 }
 
+/// The interface descriptor a dispatch runs (its offset field).
+fn dispatch_index(d: &Decoded<'_>) -> u64 {
+    u64::from(dw(d, 1) & 0x3f)
+}
+
+/// See [`IndirectState::surface_key`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SurfaceKey {
+    space: AddressSpace,
+    instruction: Option<Base>,
+    surface: Option<u64>,
+    bt_pool: Option<Option<Base>>,
+    of: SurfaceWork,
+}
+
+/// The part of a [`SurfaceKey`] that depends on the kind of work.
+// Keys are built and compared in place, one per work command; boxing the draw's would allocate.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SurfaceWork {
+    Draw {
+        bt: [Option<u64>; 5],
+        stages: [Option<StageState>; 5],
+    },
+    Dispatch {
+        idd: Option<(u64, u64)>,
+        dynamic: Option<Base>,
+        index: u64,
+    },
+}
+
 fn addr64(lo: u32, hi: u32, low_bits: u32) -> u64 {
     (u64::from(hi & 0xffff) << 32) | u64::from(lo & !((1u32 << low_bits) - 1))
 }
@@ -431,20 +462,81 @@ impl IndirectState {
         ctx: &BatchContext,
         mem: &dyn GpuMemory,
     ) -> (WriteSet, Option<Footprint>) {
-        let here = ctx.implicit_space();
-        if here != self.space {
-            // State set through the other space says nothing about this one's heaps.
-            *self = IndirectState {
-                context: self.context,
-                ..IndirectState::new(self.gen, here)
-            };
-        }
+        self.enter(ctx);
         let role = role(d.desc);
         if role == Role::Plain && inert(d.desc) {
             // Most of a batch. Kept out of the call below, whose frame is large.
             return (WriteSet::Nothing, None);
         }
         self.step_other(d, role, ctx, mem)
+    }
+
+    /// Moves to the space a buffer of context `ctx` addresses implicitly: state set through the
+    /// other space says nothing about this one's heaps, so it is dropped.
+    #[inline]
+    fn enter(&mut self, ctx: &BatchContext) {
+        let here = ctx.implicit_space();
+        if here != self.space {
+            *self = IndirectState {
+                context: self.context,
+                ..IndirectState::new(self.gen, here)
+            };
+        }
+    }
+
+    /// Feeds one command like [`IndirectState::step`] but works out no write set: state is
+    /// recorded, and a work command's kind is returned. For readers of memory that does not
+    /// change while they walk (the audit and the remap): the kernel scans are not dropped when a
+    /// command may write over them.
+    pub(crate) fn advance(&mut self, d: &Decoded<'_>, ctx: &BatchContext) -> Option<Work> {
+        self.enter(ctx);
+        match role(d.desc) {
+            Role::Work(work) => Some(work),
+            Role::Plain if inert(d.desc) => None,
+            role => {
+                self.observe(d, role);
+                None
+            }
+        }
+    }
+
+    /// Everything besides memory that the surface states of work `work` (command `d`) depend
+    /// on; `None` when that work reads no surface state. Two commands with equal keys, stepped
+    /// over the same memory, use the same surface states ([`IndirectState::surface_states`]).
+    ///
+    /// Keep in step with [`IndirectState::shader_with_table`], [`IndirectState::bound_surface`]
+    /// and [`IndirectState::dispatch`]: every field they read to find a surface state is here.
+    pub(crate) fn surface_key(&self, d: &Decoded<'_>, work: Work) -> Option<SurfaceKey> {
+        let of = match work {
+            Work::Draw => SurfaceWork::Draw {
+                bt: self.bt,
+                stages: self.stages,
+            },
+            Work::Dispatch => SurfaceWork::Dispatch {
+                idd: self.idd,
+                dynamic: self.dynamic,
+                index: dispatch_index(d),
+            },
+            Work::DepthOp | Work::Decode | Work::Unmodelled => return None,
+        };
+        Some(SurfaceKey {
+            space: self.space,
+            instruction: self.instruction,
+            surface: self.surface,
+            bt_pool: self.bt_pool,
+            of,
+        })
+    }
+
+    /// The surface states work `work` (command `d`) reads: its footprint's
+    /// [`Footprint::surface_states`].
+    pub(crate) fn surface_states(
+        &self,
+        d: &Decoded<'_>,
+        work: Work,
+        mem: &dyn GpuMemory,
+    ) -> Vec<SurfaceStateAt> {
+        self.footprint(d, work, mem).surface_states
     }
 
     /// [`IndirectState::step`] for anything but state without addresses.
@@ -735,7 +827,7 @@ impl IndirectState {
         match work {
             Work::Draw => self.draw(&mut fp, mem),
             Work::DepthOp => self.depth_surfaces(&mut fp, true),
-            Work::Dispatch => self.dispatch(&mut fp, u64::from(dw(d, 1) & 0x3f), mem),
+            Work::Dispatch => self.dispatch(&mut fp, dispatch_index(d), mem),
             Work::Decode => self.decode(&mut fp),
             Work::Unmodelled => {
                 fp.widen(format!(
@@ -1158,7 +1250,7 @@ const OBSERVED: &[(&str, Obs)] = &[
 
 /// The kinds of work command a footprint is derived for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Work {
+pub(crate) enum Work {
     /// 3DPRIMITIVE.
     Draw,
     /// 3DSTATE_WM_HZ_OP.

@@ -32,7 +32,9 @@ use crate::addr::{
 };
 use crate::audit::{self, AuditError, AuditReport};
 use crate::decode::{BatchContext, BatchLevel, DecodeError, Decoded};
-use crate::indirect::{surface_state_addresses, IndirectState, StateAddress, SURFACE_STATE_BYTES};
+use crate::indirect::{
+    surface_state_addresses, IndirectState, StateAddress, SurfaceKey, SURFACE_STATE_BYTES,
+};
 use crate::memory::{GpuMemory, GpuMemoryMut, MemoryError};
 use crate::remap::{self, RemapError, RemapStats};
 use crate::table::{self, CommandDesc, Engine, Gen, Hook};
@@ -661,10 +663,20 @@ fn audit_walked(w: &WalkedCommand<'_>, slices: &VgpuSlices, rep: &mut AuditRepor
 
 /// The surface states privileged buffers' work commands use, found by following their indirect
 /// state.
+///
+/// Memory does not change during a walk, so a work command whose state is that of an earlier one
+/// (equal [`SurfaceKey`]s) uses the same surface states, all already seen: its footprint is not
+/// worked out again. Drivers re-emit the same pipeline state around most draws.
 struct PrivilegedSurfaces {
     state: IndirectState,
     seen: HashSet<u64>,
+    /// Keys of the work already resolved in this walk, most recent last (at most
+    /// [`MAX_SURFACE_KEYS`]; a key dropped is only resolved again).
+    keys: Vec<SurfaceKey>,
 }
+
+/// Most [`SurfaceKey`]s a walk remembers.
+const MAX_SURFACE_KEYS: usize = 32;
 
 /// A surface state: its GGTT address, dwords and address fields.
 type SurfaceState = (u64, [u32; SURFACE_STATE_BYTES / 4], Vec<StateAddress>);
@@ -674,6 +686,7 @@ impl PrivilegedSurfaces {
         PrivilegedSurfaces {
             state: IndirectState::new(gen, AddressSpace::Ggtt),
             seen: HashSet::new(),
+            keys: Vec::new(),
         }
     }
 
@@ -688,11 +701,21 @@ impl PrivilegedSurfaces {
         if !w.ctx.privileged {
             return Ok(Vec::new());
         }
-        let (_, Some(fp)) = self.state.step(&w.cmd, &w.ctx, mem) else {
+        let Some(work) = self.state.advance(&w.cmd, &w.ctx) else {
             return Ok(Vec::new());
         };
+        let Some(key) = self.state.surface_key(&w.cmd, work) else {
+            return Ok(Vec::new());
+        };
+        if self.keys.iter().rev().any(|k| *k == key) {
+            return Ok(Vec::new());
+        }
+        if self.keys.len() == MAX_SURFACE_KEYS {
+            self.keys.remove(0);
+        }
+        self.keys.push(key);
         let mut out = Vec::new();
-        for s in fp.surface_states {
+        for s in self.state.surface_states(&w.cmd, work, mem) {
             if s.space != AddressSpace::Ggtt || !self.seen.insert(s.addr) {
                 continue;
             }

@@ -157,3 +157,106 @@ proptest! {
         prop_assert_eq!(moved.migrate(&m.inverse(), Budget::default()).unwrap(), c);
     }
 }
+
+/// A privileged batch: the iris draw and dispatch, the draw again, then a draw that differs only
+/// in its binding-table pointer (`bad_table`) or a dispatch that differs only in the interface
+/// descriptor it runs (`!bad_table`); either reaches a surface state whose surface lies outside
+/// the slices.
+fn capture_with_second_work(gen: Gen, bad_table: bool) -> AubCapture {
+    let mut b = CaptureBuilder::new(gen, "second work");
+    for (at, dwords) in iris::heaps(gen, &L) {
+        b.write_ggtt_dwords(GgttOffset(at), &dwords).unwrap();
+    }
+    // Surface state 3 names memory outside both slices; binding table 0xc0 holds it alone.
+    b.write_ggtt_dwords(
+        GgttOffset(L.surfaces + 192),
+        &iris::surface_2d(0x2000_0000, 64, 64, 256),
+    )
+    .unwrap();
+    let rel = if gen == Gen::Gen11 {
+        192
+    } else {
+        (L.surfaces + 192 - L.binder) as u32
+    };
+    b.write_ggtt_dwords(GgttOffset(L.binder + 0xc0), &[rel])
+        .unwrap();
+    // Interface descriptor 1: the compute kernel with binding table 0xc0.
+    let mut id = [0u32; 8];
+    id[0] = 0x200;
+    id[4] = 0xc0;
+    b.write_ggtt_dwords(GgttOffset(L.dynamic + 32), &id)
+        .unwrap();
+    let row = |name: &str, len: u32| {
+        let d = gmig_cmdparser::by_name(gen, Engine::Render, name).unwrap();
+        let mut v = vec![0u32; len as usize];
+        v[0] = d.header(len);
+        v
+    };
+    let second = if bad_table {
+        let mut bt = row("3DSTATE_BINDING_TABLE_POINTERS_PS", 2);
+        bt[1] = 0xc0;
+        let mut draw = gmig_cmdparser::build::primitive_3d(3);
+        draw[0] |= 1 << 10;
+        [bt, draw].concat()
+    } else {
+        // Two descriptors loaded; the dispatch of descriptor 0 resolves, that of 1 differs only
+        // in its index.
+        let mut idl = row("MEDIA_INTERFACE_DESCRIPTOR_LOAD", 4);
+        idl[2] = 64;
+        let walker = |index: u32| {
+            let mut w = row("GPGPU_WALKER", 15);
+            w[1] = index;
+            w[7] = 4;
+            w
+        };
+        [idl, walker(0), walker(1)].concat()
+    };
+    let batch = [
+        iris::draw_batch(gen, &L),
+        iris::dispatch_batch(gen, &L),
+        // The same draw again: nothing new to audit.
+        iris::draw_batch(gen, &L),
+        second,
+        vec![cmd::MI_BATCH_BUFFER_END],
+    ]
+    .concat();
+    b.write_ggtt_dwords(GgttOffset(BATCH), &batch).unwrap();
+    let ring = [
+        cmd::bb_start(BATCH, false, false).to_vec(),
+        vec![cmd::MI_NOOP],
+    ]
+    .concat();
+    b.submit(
+        Engine::Render,
+        &RingSpec {
+            ring: GgttOffset(SRC_APERTURE.base),
+            ring_size: 4096,
+            commands: &ring,
+            context: GgttOffset(SRC_APERTURE.base + 0x1000),
+        },
+    )
+    .unwrap();
+    b.finish()
+}
+
+/// The walk does not resolve the surfaces of work whose state it has already resolved; work whose
+/// binding table or interface descriptor differs is resolved again and its surface states audited.
+#[test]
+fn work_with_other_state_than_earlier_work_is_audited_again() {
+    for gen in [Gen::Gen8, Gen::Gen9, Gen::Gen11] {
+        for bad_table in [true, false] {
+            let c = capture_with_second_work(gen, bad_table);
+            match audit(&c, &mv().from) {
+                Err(WalkError::Audit {
+                    err: AuditError::SurfaceStateOutOfSlice { state, start, .. },
+                    ..
+                }) => assert_eq!(
+                    (state, start),
+                    (L.surfaces + 192, 0x2000_0000),
+                    "{gen} bad_table={bad_table}"
+                ),
+                other => panic!("{gen} bad_table={bad_table}: expected a refusal, got {other:?}"),
+            }
+        }
+    }
+}
