@@ -573,24 +573,24 @@ fn decode_with(
         len: 1,
         available: 0,
     })?;
-    let desc = table
-        .lookup(dw0)
+    let (desc, len) = table
+        .lookup_len(dw0)
         .ok_or(DecodeError::UnknownOpcode { offset, dw0 })?;
-    decode_desc(desc, gen, engine, rest, offset)
+    decode_desc(desc, len, gen, engine, rest, offset)
 }
 
-/// Decodes the command at the start of `rest` (not empty) whose row `desc` the caller has looked
-/// up from its DW0.
+/// Decodes the command at the start of `rest` whose row `desc` and length `len` (in dwords,
+/// `desc.len_of(dw0)`) the caller has looked up from its DW0 ([`table::Table::lookup_len`]).
 #[inline]
 pub(crate) fn decode_desc<'a>(
     desc: &'static table::CommandDesc,
+    len: usize,
     gen: Gen,
     engine: Engine,
     rest: &'a [u32],
     offset: usize,
 ) -> Result<Decoded<'a>, DecodeError> {
     let dw0 = rest.first().copied().unwrap_or(0);
-    let len = desc.len_of(dw0);
     let bad = |len| DecodeError::BadLength {
         offset,
         name: desc.name,

@@ -39,10 +39,21 @@ fn class_fits(class: Class, engine: Engine) -> bool {
     }
 }
 
-fn index() -> &'static [u16] {
-    static INDEX: OnceLock<Vec<u16>> = OnceLock::new();
+/// One slot of the index: the row (index + 1, 0 for none) in bits 15:0, and the row's length rule
+/// (so a command's length needs no second load): the DWord Length field's width in bits 23:16
+/// (0 for a fixed length) and the bias (or the fixed length) in bits 31:24.
+fn slot_entry(row: usize, d: &CommandDesc) -> u32 {
+    let (bits, bias) = match d.length {
+        LengthRule::Fixed(n) => (0u8, n),
+        LengthRule::Variable { bits, bias } => (bits, bias),
+    };
+    u32::from(u16::try_from(row + 1).unwrap_or(0)) | u32::from(bits) << 16 | u32::from(bias) << 24
+}
+
+fn index() -> &'static [u32] {
+    static INDEX: OnceLock<Vec<u32>> = OnceLock::new();
     INDEX.get_or_init(|| {
-        let mut map = vec![0u16; 3 * 4 * SLOTS];
+        let mut map = vec![0u32; 3 * 4 * SLOTS];
         for gen in Gen::ALL {
             for engine in Engine::ALL {
                 let base = (gen.index() * 4 + engine.index()) * SLOTS;
@@ -62,7 +73,7 @@ fn index() -> &'static [u16] {
                     };
                     if let Some(e) = map.get_mut(base + s) {
                         if *e == 0 {
-                            *e = u16::try_from(i + 1).unwrap_or(0);
+                            *e = slot_entry(i, d);
                         }
                     }
                 }
@@ -76,7 +87,7 @@ fn index() -> &'static [u16] {
 /// lookups (the decoder holds one).
 #[derive(Clone, Copy, Debug)]
 pub struct Table {
-    slots: &'static [u16],
+    slots: &'static [u32],
 }
 
 impl Table {
@@ -91,8 +102,18 @@ impl Table {
     /// The row for `dw0`, or `None` when the opcode is unknown here.
     #[inline]
     pub fn lookup(&self, dw0: u32) -> Option<&'static CommandDesc> {
-        let i = *self.slots.get(slot_of(dw0)?)?;
-        crate::rows::COMMANDS.get(usize::from(i).wrapping_sub(1))
+        self.lookup_len(dw0).map(|(d, _)| d)
+    }
+
+    /// The row for `dw0` and the command's length in dwords (`CommandDesc::len_of`), or `None`
+    /// when the opcode is unknown here.
+    #[inline]
+    pub fn lookup_len(&self, dw0: u32) -> Option<(&'static CommandDesc, usize)> {
+        let e = *self.slots.get(slot_of(dw0)?)?;
+        let row = crate::rows::COMMANDS.get(((e & 0xffff) as usize).wrapping_sub(1))?;
+        let bits = (e >> 16) & 0x1f;
+        let mask = (1u32 << bits) - 1;
+        Some((row, (dw0 & mask) as usize + (e >> 24) as usize))
     }
 }
 

@@ -378,7 +378,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         if let Some((first, desc, len)) = self.cached_command(space, addr, offset)? {
             self.room_for(len)?;
             let rest = self.page.get(first..first + len).unwrap_or(&[]);
-            let cmd = crate::decode::decode_desc(desc, self.gen, self.engine, rest, offset)
+            let cmd = crate::decode::decode_desc(desc, len, self.gen, self.engine, rest, offset)
                 .map_err(|err| WalkError::Decode { space, addr, err })?;
             charge(&mut self.sum, &self.budget, cmd.len())?;
             return visit_one(self.visit, cmd, space, addr, ctx);
@@ -416,7 +416,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             return Ok(None);
         };
         let (desc, len) = self.row_of(space, addr, offset, dw0)?;
-        Ok((first + len <= self.page.len()).then_some((first, desc, len)))
+        Ok((first + len.max(1) <= self.page.len()).then_some((first, desc, len)))
     }
 
     /// Caches the page at `page` (page aligned); `false` when it cannot be read whole.
@@ -427,8 +427,8 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         ok
     }
 
-    /// The row and length (in dwords) of the command whose DW0 at `addr` is `dw0`; an unknown
-    /// opcode is a decode error.
+    /// The row and length (in dwords, as DW0 gives it: possibly 0, which decoding refuses) of
+    /// the command whose DW0 at `addr` is `dw0`; an unknown opcode is a decode error.
     fn row_of(
         &self,
         space: AddressSpace,
@@ -436,12 +436,11 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         offset: usize,
         dw0: u32,
     ) -> Result<(&'static CommandDesc, usize)> {
-        let desc = self.table.lookup(dw0).ok_or(WalkError::Decode {
+        self.table.lookup_len(dw0).ok_or(WalkError::Decode {
             space,
             addr,
             err: DecodeError::UnknownOpcode { offset, dw0 },
-        })?;
-        Ok((desc, desc.len_of(dw0).clamp(1, MAX_CMD_DWORDS)))
+        })
     }
 
     /// Reads the DW0 at `addr` (caching its page when it can) and returns the command's length
@@ -449,7 +448,10 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
     fn command_len(&mut self, space: AddressSpace, addr: u64, offset: usize) -> Result<usize> {
         let mut dw0 = [0u32; 1];
         self.read(space, addr, &mut dw0)?;
-        Ok(self.row_of(space, addr, offset, dw0[0])?.1)
+        Ok(self
+            .row_of(space, addr, offset, dw0[0])?
+            .1
+            .clamp(1, MAX_CMD_DWORDS))
     }
 
     /// Checks that a command of `len` dwords fits the batch-bytes budget; returns its bytes.

@@ -320,3 +320,39 @@ fn gen_and_engine_names_round_trip() {
     assert!("gen12".parse::<Gen>().is_err());
     assert_eq!("bcs".parse::<Engine>(), Ok(Engine::Blitter));
 }
+
+/// The index's packed length rule gives what the row's own rule gives, for every row on every
+/// generation and engine it exists on, at every DWord Length value of its field.
+#[test]
+fn the_index_gives_each_commands_length_as_its_row_does() {
+    let mut checked = 0u32;
+    for gen in Gen::ALL {
+        for engine in Engine::ALL {
+            let table = gmig_cmdparser::table::Table::new(gen, engine);
+            for d in all_commands() {
+                let dw0 = d.header(0);
+                let Some((row, _)) = table.lookup_len(dw0) else {
+                    continue;
+                };
+                if !std::ptr::eq(row, d) {
+                    continue;
+                }
+                let fields: Vec<u32> = match d.length {
+                    LengthRule::Fixed(_) => vec![0, 0xff, 0xffff],
+                    LengthRule::Variable { bits, .. } => {
+                        let max = (1u32 << bits) - 1;
+                        vec![0, 1, max / 2, max]
+                    }
+                };
+                for f in fields {
+                    let dw0 = dw0 | f;
+                    let (r, len) = table.lookup_len(dw0).unwrap();
+                    assert!(std::ptr::eq(r, d), "{}: {dw0:#x}", d.name);
+                    assert_eq!(len, d.len_of(dw0), "{} {gen} {engine}: {dw0:#x}", d.name);
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} lengths checked");
+}
