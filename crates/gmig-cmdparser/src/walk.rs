@@ -940,3 +940,139 @@ pub fn remap_walk<M: GpuMemoryMut + ?Sized>(
     }
     Ok(stats)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::aub::fixture::iris::{self, IrisLayout};
+    use crate::build;
+    use crate::isa::encode;
+    use crate::memory::PageMemory;
+
+    const GGTT: AddressSpace = AddressSpace::Ggtt;
+    const A: IrisLayout = IrisLayout::packed(0x1000_0000);
+    const B: IrisLayout = IrisLayout::packed(0x2000_0000);
+    /// A's heaps with B's kernels, whose pixel shader writes another binding-table entry.
+    const MIXED: IrisLayout = IrisLayout {
+        kernels: B.kernels,
+        ..A
+    };
+    const BATCH: u64 = 0x0100_0000;
+    const RING: u64 = 0x0000_1000;
+
+    fn state(gen: Gen, name: &str, len: u32) -> Vec<u32> {
+        build::state_off(gen, name, len).unwrap()
+    }
+
+    /// One piece of a random privileged batch.
+    fn piece(gen: Gen, which: u8, arg: u8) -> Vec<u32> {
+        let l = if arg & 1 == 0 { &A } else { &B };
+        match which % 10 {
+            0 => iris::base_addresses(gen, l),
+            9 => iris::base_addresses(gen, &MIXED),
+            1 => {
+                let mut v = state(gen, "3DSTATE_BINDING_TABLE_POINTERS_PS", 2);
+                v[1] = [0x40, 0x80, 0xc0][usize::from(arg % 3)];
+                v
+            }
+            2 => {
+                let mut v = state(gen, "3DSTATE_PS", 12);
+                v[1] = [0x100, 0x200][usize::from(arg % 2)];
+                v[6] = u32::from(!arg.is_multiple_of(3));
+                v
+            }
+            3 => {
+                let mut v = state(gen, "3DSTATE_VS", 9);
+                v[7] = u32::from(arg % 2);
+                v
+            }
+            4 => build::primitive_3d(3),
+            5 => {
+                let mut v = state(gen, "MEDIA_INTERFACE_DESCRIPTOR_LOAD", 4);
+                v[2] = [32, 64][usize::from(arg % 2)];
+                v
+            }
+            6 => {
+                let mut v = state(gen, "GPGPU_WALKER", 15);
+                v[1] = u32::from(arg % 2);
+                v[7] = 4;
+                v
+            }
+            7 => iris::draw_batch(gen, l),
+            _ => iris::dispatch_batch(gen, l),
+        }
+    }
+
+    /// Both layouts' heaps, plus a binding table 0xc0 naming a fourth surface state and an
+    /// interface descriptor 1 using that table; B's pixel shader writes binding-table entry 3.
+    fn memory(gen: Gen, batch: &[u32]) -> PageMemory {
+        let mut mem = PageMemory::new();
+        for l in [&A, &B] {
+            for (at, d) in iris::heaps(gen, l) {
+                mem.put_dwords(GGTT, at, &d).unwrap();
+            }
+            mem.put_dwords(GGTT, l.surfaces + 192, &iris::raw_buffer(l.ssbo, 4096))
+                .unwrap();
+            let rel = if gen == Gen::Gen11 {
+                192
+            } else {
+                (l.surfaces + 192 - l.binder) as u32
+            };
+            mem.put_dwords(GGTT, l.binder + 0xc0, &[rel]).unwrap();
+            let mut id = [0u32; 8];
+            id[0] = 0x200;
+            id[4] = 0xc0;
+            mem.put_dwords(GGTT, l.dynamic + 32, &id).unwrap();
+        }
+        let ps = encode::kernel(&[encode::untyped_write(3, true)]);
+        mem.put_dwords(GGTT, B.kernels + 0x100, &ps).unwrap();
+        mem.put_dwords(GGTT, BATCH, batch).unwrap();
+        let ring = [
+            build::mi_batch_buffer_start(GGTT, BATCH, false),
+            build::mi_noop(),
+        ]
+        .concat();
+        mem.put_dwords(GGTT, RING, &ring).unwrap();
+        mem
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The walk's surface states (resolved once per surface key) are exactly those the
+        /// general `IndirectState::step` finds for every privileged work command, whatever the
+        /// order in which state and work come.
+        #[test]
+        fn surface_keys_lose_no_surface_state(
+            gen in prop_oneof![Just(Gen::Gen8), Just(Gen::Gen9), Just(Gen::Gen11)],
+            pieces in proptest::collection::vec((any::<u8>(), any::<u8>()), 1..40),
+        ) {
+            let mut batch: Vec<u32> = pieces.iter().flat_map(|&(w, a)| piece(gen, w, a)).collect();
+            batch.extend(build::mi_batch_buffer_end());
+            let mem = memory(gen, &batch);
+            let ring = RingSpan { start: GgttOffset(RING), size: 4096, head: 0, tail: 16 };
+            let dyn_mem: &dyn GpuMemory = &mem;
+            let mut keyed = PrivilegedSurfaces::new(gen);
+            let mut general = IndirectState::new(gen, AddressSpace::Ggtt);
+            let (mut found, mut expected) = (BTreeSet::new(), BTreeSet::new());
+            walk(gen, Engine::Render, &mem, ring, Budget::default(), &mut |w| {
+                for (at, _, _) in keyed.step(gen, w, dyn_mem)? {
+                    found.insert(at);
+                }
+                if w.ctx.privileged {
+                    if let (_, Some(fp)) = general.step(&w.cmd, &w.ctx, dyn_mem) {
+                        expected.extend(
+                            fp.surface_states.iter().filter(|s| s.space == GGTT).map(|s| s.addr),
+                        );
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+            prop_assert_eq!(found, expected);
+        }
+    }
+}
