@@ -16,6 +16,26 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Waits for `child`; one still running after `limit` is killed and the test fails, naming it.
+fn wait_at_most(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn json(out: &[u8]) -> serde_json::Value {
     let text = String::from_utf8_lossy(out);
     serde_json::from_str(text.trim())
@@ -60,7 +80,7 @@ fn pair_at(
         ])
         .output()
         .unwrap();
-    (src, dest.wait_with_output().unwrap())
+    (src, wait_at_most(dest, std::time::Duration::from_secs(120)))
 }
 
 #[test]
@@ -154,17 +174,19 @@ fn an_incoming_stream_of_random_bytes_is_refused_with_its_cause_said_once() {
     let mut conn = None;
     for _ in 0..200 {
         match std::net::TcpStream::connect(&addr) {
-            Ok(c) => {
+            // A connect retried while nothing listens can meet itself (TCP simultaneous open,
+            // when the kernel picks the same port as the source): that is not the destination.
+            Ok(c) if c.local_addr().ok() != c.peer_addr().ok() => {
                 conn = Some(c);
                 break;
             }
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            _ => std::thread::sleep(std::time::Duration::from_millis(20)),
         }
     }
     let mut conn = conn.expect("destination listens");
     let _ = conn.write_all(&noise);
     drop(conn);
-    let out = dest.wait_with_output().unwrap();
+    let out = wait_at_most(dest, std::time::Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.matches("bad magic").count(), 1, "{err}");

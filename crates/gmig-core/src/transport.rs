@@ -153,6 +153,15 @@ impl Endpoint {
         match self {
             Endpoint::Tcp(addr) => {
                 let s = TcpStream::connect(addr).map_err(err)?;
+                // Connecting to a local port nobody listens on can meet itself: when the kernel
+                // picks that very port as the source, TCP's simultaneous open connects the
+                // socket to itself. That is no destination; say so as a refused connection.
+                if s.local_addr().ok() == s.peer_addr().ok() {
+                    return Err(err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        "connected to itself: nothing listens there",
+                    )));
+                }
                 // Small control frames must not wait for Nagle.
                 s.set_nodelay(true).map_err(err)?;
                 Ok(Box::new(s))
