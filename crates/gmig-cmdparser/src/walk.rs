@@ -209,6 +209,8 @@ struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
     /// One cached page of the buffer being walked: (space, page address) and its dwords.
     page_at: Option<(AddressSpace, u64)>,
     page: Vec<u32>,
+    /// Whether [`Walker::run_in_page`] runs (tests turn it off to compare with the general path).
+    in_page: bool,
 }
 
 impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
@@ -224,6 +226,7 @@ impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
             buf: Vec::new(),
             page_at: None,
             page: Vec::new(),
+            in_page: true,
         }
     }
 }
@@ -466,6 +469,71 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         Ok(bytes)
     }
 
+    /// Visits the commands from `addr` on that lie wholly inside its page (cached here) and
+    /// neither start nor end a batch, in a loop without [`Walker::step`]'s per-command `Result`s;
+    /// returns the address of the first command it left to [`Walker::step`]. A command that does
+    /// not decode, or would exceed the budget, is left there too, so that it fails exactly as it
+    /// does on the general path.
+    #[inline]
+    fn run_in_page(
+        &mut self,
+        space: AddressSpace,
+        mut addr: u64,
+        start: u64,
+        ctx: BatchContext,
+    ) -> Result<u64> {
+        let page = addr & !(GTT_PAGE_SIZE - 1);
+        if !self.in_page
+            || !addr.is_multiple_of(4)
+            || (self.page_at != Some((space, page)) && !self.cache_page(space, page))
+        {
+            return Ok(addr);
+        }
+        let Walker {
+            gen,
+            engine,
+            budget,
+            sum,
+            visit,
+            table,
+            page: words,
+            ..
+        } = self;
+        let mut i = ((addr - page) / 4) as usize;
+        while let Some(&dw0) = words.get(i) {
+            let Some((desc, len)) = table.lookup_len(dw0) else {
+                break;
+            };
+            let bytes = (len as u64) * 4;
+            let (Some(rest), Some(next)) = (words.get(i..i + len), addr.checked_add(bytes)) else {
+                break;
+            };
+            if len == 0
+                || matches!(desc.hook, Hook::BatchStart | Hook::BatchEnd)
+                || sum.commands >= budget.max_commands
+                || sum.bytes.saturating_add(bytes) > budget.max_batch_bytes
+            {
+                break;
+            }
+            let offset = usize::try_from(addr.wrapping_sub(start) / 4).unwrap_or(usize::MAX);
+            let Ok(cmd) = crate::decode::decode_desc(desc, len, *gen, *engine, rest, offset) else {
+                break;
+            };
+            sum.commands += 1;
+            sum.bytes += bytes;
+            visit(&WalkedCommand {
+                cmd,
+                space,
+                addr,
+                ctx,
+                wrap: None,
+            })?;
+            i += len;
+            addr = next;
+        }
+        Ok(addr)
+    }
+
     /// Walks a batch from `addr` until it returns. `ctx.level` is First or Second.
     fn batch(
         &mut self,
@@ -476,6 +544,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
         self.start_batch()?;
         let mut start = addr;
         loop {
+            addr = self.run_in_page(space, addr, start, ctx)?;
             let offset = usize::try_from(addr.wrapping_sub(start) / 4).unwrap_or(usize::MAX);
             let step = self.step(space, addr, offset, ctx)?;
             let next = addr
@@ -1038,6 +1107,71 @@ mod tests {
         .concat();
         mem.put_dwords(GGTT, RING, &ring).unwrap();
         mem
+    }
+
+    /// A random batch: valid commands, batch ends, chains and second-level calls to the other
+    /// batch, and raw dwords (unknown opcodes, zero lengths, commands cut by the batch's end).
+    fn random_batch(gen: Gen, parts: &[(u8, u32)], other: u64) -> Vec<u32> {
+        let mut v = Vec::new();
+        for &(k, x) in parts {
+            v.extend(match k % 8 {
+                0 => build::mi_noop(),
+                1 => build::pipe_control(Some((GGTT, 0x0400_0000 + u64::from(x % 64) * 8, 1))),
+                2 => build::mi_load_register_imm(&[(0x2600, x)]),
+                3 => state(gen, "3DSTATE_VS", 9),
+                4 => build::mi_batch_buffer_end(),
+                5 => build::mi_batch_buffer_start(GGTT, other, x % 2 == 0),
+                6 => build::primitive_3d(x % 7),
+                _ => vec![x],
+            });
+        }
+        v
+    }
+
+    /// Every command a walk visits, as (space, address, offset, length, level), and how it ends.
+    type Visits = (
+        Vec<(AddressSpace, u64, usize, usize, BatchLevel)>,
+        Result<WalkSummary>,
+    );
+
+    fn walk_recorded(mem: &PageMemory, ring: RingSpan, budget: Budget, in_page: bool) -> Visits {
+        let mut seen = Vec::new();
+        let mut visit = |w: &WalkedCommand<'_>| -> Result<()> {
+            seen.push((w.space, w.addr, w.cmd.offset, w.cmd.len(), w.ctx.level));
+            Ok(())
+        };
+        let mut w = Walker::new(Gen::Gen9, Engine::Render, mem, budget, &mut visit);
+        w.in_page = in_page;
+        let r = w.ring(ring).map(|()| w.sum);
+        (seen, r)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// The in-page loop visits exactly what the general path visits, in the same order, and
+        /// ends the same way (the same summary, or the same error), on valid and broken batches,
+        /// batches that cross pages, and small budgets.
+        #[test]
+        fn the_in_page_loop_walks_as_the_general_path_does(
+            first in proptest::collection::vec((any::<u8>(), any::<u32>()), 0..200),
+            second in proptest::collection::vec((any::<u8>(), any::<u32>()), 0..50),
+            first_at in 0u64..1024,
+            max_commands in prop_oneof![Just(1u64 << 20), 1u64..300],
+            max_batch_bytes in prop_oneof![Just(64u64 << 20), 4u64..8192],
+        ) {
+            let gen = Gen::Gen9;
+            let (a, b) = (BATCH + first_at * 4, BATCH + 0x10_0000 + 0xff0);
+            let mut mem = PageMemory::new();
+            mem.put_dwords(GGTT, a, &random_batch(gen, &first, b)).unwrap();
+            mem.put_dwords(GGTT, b, &random_batch(gen, &second, a)).unwrap();
+            let ring = [build::mi_batch_buffer_start(GGTT, a, false), build::mi_noop()].concat();
+            mem.put_dwords(GGTT, RING, &ring).unwrap();
+            let span = RingSpan { start: GgttOffset(RING), size: 4096, head: 0, tail: 16 };
+            let budget = Budget { max_commands, max_batch_bytes, max_batches: 64 };
+            let fast = walk_recorded(&mem, span, budget, true);
+            let general = walk_recorded(&mem, span, budget, false);
+            prop_assert_eq!(fast, general);
+        }
     }
 
     proptest! {
