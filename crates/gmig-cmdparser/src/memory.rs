@@ -207,6 +207,18 @@ impl GpuMemory for PageMemory {
 
 impl GpuMemoryMut for PageMemory {
     fn write(&mut self, space: AddressSpace, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let off = (addr % GTT_PAGE_SIZE) as usize;
+        if !data.is_empty() && off + data.len() <= GTT_PAGE_SIZE as usize {
+            // Within one page (a remap's dword edits): one lookup.
+            let p = self
+                .pages
+                .get_mut(&Self::key(space, addr / GTT_PAGE_SIZE))
+                .ok_or(MemoryError::Unmapped { space, addr })?;
+            if let Some(dst) = p.get_mut(off..off + data.len()) {
+                dst.copy_from_slice(data);
+            }
+            return Ok(());
+        }
         // Check every page first so that a failing write changes nothing.
         self.access(space, addr, data.len(), |_, _, _, _| {})?;
         let mut at = addr;
