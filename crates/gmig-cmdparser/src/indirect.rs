@@ -477,17 +477,25 @@ impl IndirectState {
     fn enter(&mut self, ctx: &BatchContext) {
         let here = ctx.implicit_space();
         if here != self.space {
-            *self = IndirectState {
-                context: self.context,
-                ..IndirectState::new(self.gen, here)
-            };
+            self.reset_to(here);
         }
+    }
+
+    /// Drops the recorded state, which now addresses `space`.
+    #[cold]
+    #[inline(never)]
+    fn reset_to(&mut self, space: AddressSpace) {
+        *self = IndirectState {
+            context: self.context,
+            ..IndirectState::new(self.gen, space)
+        };
     }
 
     /// Feeds one command like [`IndirectState::step`] but works out no write set: state is
     /// recorded, and a work command's kind is returned. For readers of memory that does not
     /// change while they walk (the audit and the remap): the kernel scans are not dropped when a
     /// command may write over them.
+    #[inline]
     pub(crate) fn advance(&mut self, d: &Decoded<'_>, ctx: &BatchContext) -> Option<Work> {
         self.enter(ctx);
         match role(d.desc) {

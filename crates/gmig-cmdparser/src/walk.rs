@@ -33,7 +33,7 @@ use crate::addr::{
 use crate::audit::{self, AuditError, AuditReport};
 use crate::decode::{BatchContext, BatchLevel, DecodeError, Decoded};
 use crate::indirect::{
-    surface_state_addresses, IndirectState, StateAddress, SurfaceKey, SURFACE_STATE_BYTES,
+    surface_state_addresses, IndirectState, StateAddress, SurfaceKey, Work, SURFACE_STATE_BYTES,
 };
 use crate::memory::{GpuMemory, GpuMemoryMut, MemoryError};
 use crate::remap::{self, RemapError, RemapStats};
@@ -763,6 +763,7 @@ impl PrivilegedSurfaces {
 
     /// Feeds `w`; returns the GGTT surface states its footprint uses that earlier commands did
     /// not. Unprivileged commands are skipped (their state is PPGTT-addressed).
+    #[inline]
     fn step(
         &mut self,
         gen: Gen,
@@ -772,9 +773,21 @@ impl PrivilegedSurfaces {
         if !w.ctx.privileged {
             return Ok(Vec::new());
         }
-        let Some(work) = self.state.advance(&w.cmd, &w.ctx) else {
-            return Ok(Vec::new());
-        };
+        match self.state.advance(&w.cmd, &w.ctx) {
+            None => Ok(Vec::new()),
+            Some(work) => self.resolve(gen, w, work, mem),
+        }
+    }
+
+    /// [`PrivilegedSurfaces::step`] for work command `w`, of kind `work`.
+    #[inline(never)]
+    fn resolve(
+        &mut self,
+        gen: Gen,
+        w: &WalkedCommand<'_>,
+        work: Work,
+        mem: &dyn GpuMemory,
+    ) -> Result<Vec<SurfaceState>> {
         let Some(key) = self.state.surface_key(&w.cmd, work) else {
             return Ok(Vec::new());
         };
