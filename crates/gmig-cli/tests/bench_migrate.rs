@@ -87,6 +87,8 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         assert!(gtt > 0 && gtt <= (24 << 20) / 4096, "{r}");
         assert_eq!(u(r, "reps"), 2);
         assert_eq!(r["downtime_samples_ms"].as_array().unwrap().len(), 2);
+        // Two repetitions sample two frame phases, half a frame apart.
+        assert_eq!(r["frame_phases"], serde_json::json!([0, 4]), "{r}");
         let (p50, p95, max) = (
             f(r, &["downtime_ms", "p50"]),
             f(r, &["downtime_ms", "p95"]),

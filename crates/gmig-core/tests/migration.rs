@@ -625,3 +625,25 @@ fn the_source_stops_the_vm_only_once_the_destination_acknowledged_the_switch_ove
         );
     }
 }
+
+/// `step_phase` shifts the workload's steps among the pre-copy batches: with one step every
+/// 2^20 batches none falls in a short pre-copy, unless the phase puts it right after the first.
+#[test]
+fn the_step_phase_moves_the_workload_steps() {
+    let steps_with = |phase: u64| {
+        let synth = synth_cfg(1, 0);
+        let mut c = cfg(Policy::OneShot);
+        c.step_every_batches = 1 << 20;
+        c.step_phase = phase;
+        let vm = SyntheticVm::new(synth, SRC_AP, SRC_HID).unwrap();
+        let (a, b) = mem_pair(1 << 16);
+        let c2 = c.clone();
+        let dest = thread::spawn(move || migrate_destination(factory(), b, &c2));
+        let mut handle = source_handle(vm, &c).unwrap();
+        let report = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap();
+        dest.join().unwrap().unwrap();
+        report.steps_during_precopy
+    };
+    assert_eq!(steps_with(0), 0);
+    assert_eq!(steps_with((1 << 20) - 1), 1);
+}

@@ -101,6 +101,9 @@ pub struct BenchCase {
     pub hash_threads: usize,
     /// The guest runs one frame after every this many pre-copy batches.
     pub step_every_batches: u64,
+    /// Shifts those frames by this many batches (`MigrationConfig::step_phase`); the matrix
+    /// varies it between repetitions ([`frame_phase`]).
+    pub step_phase: u64,
     /// Guest RAM override in bytes (`None`: the vGPU type's graphics-memory size). Tests use
     /// small guests.
     pub ram_bytes: Option<u64>,
@@ -142,6 +145,7 @@ impl BenchCase {
             },
             hash_threads: 0,
             step_every_batches: 8,
+            step_phase: 0,
             ram_bytes: None,
             switchover_ack: true,
             verify_before_stop: true,
@@ -312,6 +316,17 @@ fn loopback_pair() -> Result<(Box<dyn Connection>, Box<dyn Connection>)> {
     Ok((a, b))
 }
 
+/// The frame phase of repetition `rep` of `reps` when the guest runs a frame every `every`
+/// pre-copy batches: the repetitions spread evenly over the phases. The guest's frames follow
+/// pre-copy batches, whose number grows with the guest, so with one fixed phase whether a frame
+/// lands between the last verification and the stop would depend on the guest's size alone.
+pub fn frame_phase(rep: usize, reps: usize, every: u64) -> u64 {
+    match (u64::try_from(rep), u64::try_from(reps)) {
+        (Ok(r), Ok(n)) if n > 0 => r.saturating_mul(every) / n,
+        _ => 0,
+    }
+}
+
 /// The engine configuration a case runs with.
 pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     let mut cfg = MigrationConfig::new(case.policy);
@@ -320,6 +335,7 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
         n => n,
     };
     cfg.step_every_batches = case.step_every_batches;
+    cfg.step_phase = case.step_phase;
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;
     cfg.verify_before_stop = case.verify_before_stop;
@@ -431,6 +447,21 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repetitions_spread_evenly_over_the_frame_phases() {
+        let phases = |reps| {
+            (0..reps)
+                .map(|r| frame_phase(r, reps, 8))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(phases(1), [0]);
+        assert_eq!(phases(2), [0, 4]);
+        assert_eq!(phases(5), [0, 1, 3, 4, 6]);
+        assert_eq!(phases(8), [0, 1, 2, 3, 4, 5, 6, 7]);
+        assert!(phases(20).iter().all(|p| *p < 8));
+        assert_eq!(frame_phase(3, 0, 8), 0, "no repetitions, no phase");
+    }
 
     #[test]
     fn summary_uses_nearest_rank() {

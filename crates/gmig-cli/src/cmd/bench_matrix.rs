@@ -7,7 +7,7 @@ use gmig_vgpu::migratable::{parse_vgpu_type, type_id};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{migration_config, run_case, BenchCase, BenchSample, Summary};
+use crate::bench::{frame_phase, migration_config, run_case, BenchCase, BenchSample, Summary};
 use crate::cli::BenchCommonArgs;
 use crate::cmd::migrate::profile_of;
 
@@ -234,6 +234,10 @@ pub struct Row {
     /// Queued workloads the stop may let finish on the source.
     #[serde(default)]
     pub max_drain: usize,
+    /// The guest's frame phase in each repetition (`gmig_cli::bench::frame_phase`): where its
+    /// frames fall among the pre-copy batches.
+    #[serde(default)]
+    pub frame_phases: Vec<u64>,
     /// Workloads the stop did let finish (median).
     #[serde(default)]
     pub drained_workloads: u64,
@@ -359,6 +363,9 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         switchover_ack: case.switchover_ack,
         verify_before_stop: case.verify_before_stop,
         max_drain: migration_config(case).max_drain,
+        frame_phases: (0..samples.len())
+            .map(|r| frame_phase(r, samples.len(), case.step_every_batches))
+            .collect(),
         drained_workloads: u(|s| s.report.drained_workloads),
         resolution: format!("{}x{}", case.workload.width, case.workload.height),
         downtime_ms,
@@ -407,6 +414,8 @@ pub(crate) fn run_matrix(m: &Matrix) -> anyhow::Result<Vec<Row>> {
         let case = m.case(profile, ty, policy, link);
         let mut samples = Vec::with_capacity(m.reps);
         for rep in 0..m.reps {
+            let mut case = case;
+            case.step_phase = frame_phase(rep, m.reps, case.step_every_batches);
             let s = run_case(&case).with_context(|| {
                 format!(
                     "{} {} {} {} (repetition {})",

@@ -200,6 +200,10 @@ pub struct MigrationConfig {
     pub batch_pages: usize,
     /// Run one workload step after every this many pre-copy batches (0: never).
     pub step_every_batches: u64,
+    /// Shifts those steps: one follows batch `b` when `b + step_phase` is a multiple of
+    /// `step_every_batches`. Where a step lands relative to the stop then does not depend on the
+    /// guest's size alone; benchmarks vary it between repetitions.
+    pub step_phase: u64,
     /// Iterative: most rounds after the first pass.
     pub max_rounds: u32,
     /// Iterative: stop iterating when a round would resend this many pages or fewer.
@@ -233,6 +237,7 @@ impl MigrationConfig {
             max_drain: 2,
             batch_pages: 256,
             step_every_batches: 1,
+            step_phase: 0,
             max_rounds: 8,
             converge_pages: 64,
             hash_threads: hash_threads_leaving(1),

@@ -212,7 +212,9 @@ fn run_source<V: MigratableVm, C: Connection>(
                     while batches_seen < batches {
                         batches_seen += 1;
                         if cfg.step_every_batches > 0
-                            && batches_seen.is_multiple_of(cfg.step_every_batches)
+                            && batches_seen
+                                .wrapping_add(cfg.step_phase)
+                                .is_multiple_of(cfg.step_every_batches)
                         {
                             handle.device_mut().vm_mut().step().map_err(|source| {
                                 MigrationError::Vm {
