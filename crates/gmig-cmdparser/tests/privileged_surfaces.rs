@@ -52,7 +52,12 @@ fn capture(gen: Gen, rt: u64, ssbo: u64) -> AubCapture {
         vec![cmd::MI_BATCH_BUFFER_END],
     ]
     .concat();
-    b.write_ggtt_dwords(GgttOffset(BATCH), &batch).unwrap();
+    submit_batch(b, &batch)
+}
+
+/// Writes `batch` at [`BATCH`], starts it from a ring in the aperture and finishes the capture.
+fn submit_batch(mut b: CaptureBuilder, batch: &[u32]) -> AubCapture {
+    b.write_ggtt_dwords(GgttOffset(BATCH), batch).unwrap();
     let ring = [
         cmd::bb_start(BATCH, false, false).to_vec(),
         vec![cmd::MI_NOOP],
@@ -220,23 +225,7 @@ fn capture_with_second_work(gen: Gen, bad_table: bool) -> AubCapture {
         vec![cmd::MI_BATCH_BUFFER_END],
     ]
     .concat();
-    b.write_ggtt_dwords(GgttOffset(BATCH), &batch).unwrap();
-    let ring = [
-        cmd::bb_start(BATCH, false, false).to_vec(),
-        vec![cmd::MI_NOOP],
-    ]
-    .concat();
-    b.submit(
-        Engine::Render,
-        &RingSpec {
-            ring: GgttOffset(SRC_APERTURE.base),
-            ring_size: 4096,
-            commands: &ring,
-            context: GgttOffset(SRC_APERTURE.base + 0x1000),
-        },
-    )
-    .unwrap();
-    b.finish()
+    submit_batch(b, &batch)
 }
 
 /// The walk does not resolve the surfaces of work whose state it has already resolved; work whose
