@@ -156,7 +156,7 @@ impl Endpoint {
                 // Connecting to a local port nobody listens on can meet itself: when the kernel
                 // picks that very port as the source, TCP's simultaneous open connects the
                 // socket to itself. That is no destination; say so as a refused connection.
-                if s.local_addr().ok() == s.peer_addr().ok() {
+                if matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p) {
                     return Err(err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionRefused,
                         "connected to itself: nothing listens there",

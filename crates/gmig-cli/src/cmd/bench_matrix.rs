@@ -234,7 +234,7 @@ pub struct Row {
     /// Queued workloads the stop may let finish on the source.
     #[serde(default)]
     pub max_drain: usize,
-    /// The guest's frame phase in each repetition (`gmig_cli::bench::frame_phase`): where its
+    /// The guest's frame phase in each repetition (`bench::frame_phase`): where its
     /// frames fall among the pre-copy batches.
     #[serde(default)]
     pub frame_phases: Vec<u64>,
