@@ -156,7 +156,7 @@ impl Endpoint {
                 // Connecting to a local port nobody listens on can meet itself: when the kernel
                 // picks that very port as the source, TCP's simultaneous open connects the
                 // socket to itself. That is no destination; say so as a refused connection.
-                if matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p) {
+                if met_itself(&s) {
                     return Err(err(std::io::Error::new(
                         std::io::ErrorKind::ConnectionRefused,
                         "connected to itself: nothing listens there",
@@ -184,6 +184,11 @@ impl Endpoint {
             )),
         }
     }
+}
+
+/// Whether `s` is connected to itself (its own address is its peer's).
+pub fn met_itself(s: &TcpStream) -> bool {
+    matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l == p)
 }
 
 /// A bound listener for incoming migrations.

@@ -232,3 +232,37 @@ fn throttled_link_paces_writes() {
         "paced write took {took:?}"
     );
 }
+
+/// A socket bound to a port and connected to that same port meets itself (TCP's simultaneous
+/// open); that is what a connect retried while nothing listens can get when the kernel picks
+/// the destination's port as the source. `met_itself` tells it from a real connection.
+#[test]
+fn a_socket_connected_to_itself_is_told_from_a_real_connection() {
+    use nix::sys::socket::{
+        bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    use std::os::fd::AsRawFd;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::empty(),
+        None,
+    )
+    .unwrap();
+    setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+    let at = SockaddrIn::new(127, 0, 0, 1, port);
+    bind(fd.as_raw_fd(), &at).unwrap();
+    connect(fd.as_raw_fd(), &at).unwrap();
+    let itself = std::net::TcpStream::from(fd);
+    assert!(gmig_core::transport::met_itself(&itself));
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let real = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    assert!(!gmig_core::transport::met_itself(&real));
+}
