@@ -176,7 +176,7 @@ fn an_incoming_stream_of_random_bytes_is_refused_with_its_cause_said_once() {
         match std::net::TcpStream::connect(&addr) {
             // A connect retried while nothing listens can meet itself (TCP simultaneous open,
             // when the kernel picks the same port as the source): that is not the destination.
-            Ok(c) if !matches!((c.local_addr(), c.peer_addr()), (Ok(l), Ok(p)) if l == p) => {
+            Ok(c) if !gmig_core::transport::met_itself(&c) => {
                 conn = Some(c);
                 break;
             }
