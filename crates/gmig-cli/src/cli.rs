@@ -116,6 +116,11 @@ pub struct VmMigrateArgs {
     /// Source: guest exits between pre-copy rounds.
     #[arg(long, default_value_t = 64)]
     pub round_exits: u64,
+    /// Source: switch over when the guest completes this frame (pre-copy rounds run until
+    /// then) instead of when pre-copy converges; the migration fails if the guest finishes
+    /// first.
+    #[arg(long)]
+    pub switch_at_frame: Option<u64>,
     #[command(flatten)]
     pub hand_over: HandOverArgs,
 }
@@ -455,6 +460,11 @@ pub struct ServeArgs {
     /// destination can sit elsewhere in graphics memory than its source.
     #[arg(long, default_value_t = 0)]
     pub slot: u32,
+    /// Queued GPU workloads the migration's stop lets run on the source; the rest travel in the
+    /// vGPU's state and run on the destination (default: 0 for a real guest, so its queued work
+    /// moves; the engine's 2 with `--profile`).
+    #[arg(long)]
+    pub max_drain: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -306,6 +306,9 @@ fn run(trigger: Option<(Dir, u64)>, fault: Fault, dir: &Path) -> Run {
         let mut c = gmig();
         common(&mut c)
             .args(["--to", addr, "--frames-before", "1"])
+            // The stop lets no queued workload finish on the source: the last frame's two travel
+            // in the stream, and whichever side ends up running the vGPU runs them.
+            .args(["--max-drain", "0"])
             .args(["--seed", &SEED.to_string(), "--profile", "desktop"])
             .args(["--policy", "one-shot-narrow", "--checkpoint"])
             .arg(dir.join("source.gmig"));
@@ -484,6 +487,21 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
         reference_digest(frames_at_stop),
         "clean migration"
     );
+    // Nothing drained on the source: the destination ran the carried workloads after the
+    // switch-over, without a fault, and (the digest above) wrote what the unmigrated guest wrote.
+    assert_eq!(
+        base.source.field("drained_workloads"),
+        Some(&0.into()),
+        "{:?}",
+        base.source
+    );
+    assert_eq!(
+        base.dest.field("carried_workloads_run"),
+        Some(&CARRIED.into()),
+        "{:?}",
+        base.dest
+    );
+    assert_eq!(base.dest.field("gpu_faults"), Some(&0.into()));
     let device_state = device_state_offset(&base.captured[..stream as usize]);
     let header = HEADER_LEN as u64;
     assert!(header < precopy && precopy < device_state && device_state < stream);
@@ -520,13 +538,36 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
         let (_, d, at) = phases[p];
         run(Some((d, at)), fault, dir)
     });
+    // Where the destination ends up owning the vGPU — running it, or through its in-doubt copy,
+    // resumed while judging — it ran the carried workloads after the switch-over (and its digest,
+    // judged below, includes what they wrote).
+    let mut dest_work = Vec::new();
+    for (fault, p, r, _) in &results {
+        if r.dest.vgpu() == "running" {
+            dest_work.push((
+                format!("{} at {}: destination", fault.name(), phases[*p].0),
+                carried_run(r.dest.json.as_ref()),
+            ));
+        }
+    }
+    let resumed = Mutex::new(Vec::new());
+    let resume_counting = |file: &Path| {
+        let j = resume(file);
+        if file.file_name() == Some("destination.gmig".as_ref()) {
+            resumed.lock().unwrap().push((
+                format!("{}: resumed", file.display()),
+                carried_run(Some(&j)),
+            ));
+        }
+        j
+    };
     let flavour = Flavour {
         state: &|j| {
             j.get("state_digest")
                 .and_then(|d| d.as_str())
                 .map(str::to_string)
         },
-        resume: &resume,
+        resume: &resume_counting,
         expected: &|src| {
             let frames = src
                 .and_then(|j| j.get("frames"))
@@ -544,6 +585,31 @@ fn every_fault_at_every_phase_leaves_exactly_one_owner_and_nothing_lost() {
         &flavour,
         t0,
     );
+    dest_work.extend(resumed.into_inner().unwrap());
+    assert!(
+        !dest_work.is_empty(),
+        "no cell left the vGPU to the destination"
+    );
+    let idle: Vec<_> = dest_work
+        .iter()
+        .filter(|(_, ran)| *ran != CARRIED)
+        .collect();
+    assert!(
+        idle.is_empty(),
+        "the destination did not run the {CARRIED} carried workloads after the switch-over \
+         (cell, workloads it ran): {idle:?}"
+    );
+}
+
+/// Workloads the stop carried to the destination (with `--max-drain 0`, the desktop's last frame:
+/// a client and a compositor batch).
+const CARRIED: u64 = 2;
+
+/// The carried workloads a side that owns the vGPU ran (`carried_workloads_run`; 0 when absent).
+fn carried_run(j: Option<&serde_json::Value>) -> u64 {
+    j.and_then(|j| j.get("carried_workloads_run"))
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
 }
 
 /// Runs every (fault, phase) cell, `threads` at a time, each in its own directory under `tmp`.
@@ -781,7 +847,9 @@ fn whole_vm_migration_has_one_owner_after_every_fault_at_the_switch_over() {
         };
         let source = |addr: &str| {
             let mut c = vm_cmd();
-            c.args(["--to", addr, "--at-frame", "8", "--checkpoint"])
+            // Pre-copy from frame 8, switch-over at 16 of 24: the owner has frames left to render.
+            c.args(["--to", addr, "--at-frame", "8", "--switch-at-frame", "16"])
+                .arg("--checkpoint")
                 .arg(dir.join("source.gmigvm"));
             c
         };
@@ -793,6 +861,17 @@ fn whole_vm_migration_has_one_owner_after_every_fault_at_the_switch_over() {
     assert_eq!(
         base.dest.json.as_ref().and_then(vm_checksum),
         Some(reference.clone())
+    );
+    let did = |k: &str| {
+        base.dest
+            .field(k)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
+    };
+    assert!(
+        did("destination_frames") > 0 && did("destination_workloads") > 0,
+        "the clean migration's destination did no work after the switch-over: {:?}",
+        base.dest
     );
     let wire = base.source.field("wire_bytes").unwrap().as_u64().unwrap();
     // No journal is left behind by a migration that completed.

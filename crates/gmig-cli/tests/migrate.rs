@@ -43,13 +43,21 @@ fn json(out: &[u8]) -> serde_json::Value {
 }
 
 fn pair(dest_type: &str, policy: &str) -> (std::process::Output, std::process::Output) {
-    pair_at(&format!("127.0.0.1:{}", free_port()), dest_type, policy)
+    pair_at(
+        &format!("127.0.0.1:{}", free_port()),
+        dest_type,
+        policy,
+        &[],
+    )
 }
 
+/// A destination and a source (`source_args` added to its command line) migrating a desktop guest
+/// on 48 MiB that ran one frame before.
 fn pair_at(
     addr: &str,
     dest_type: &str,
     policy: &str,
+    source_args: &[&str],
 ) -> (std::process::Output, std::process::Output) {
     let addr = addr.to_string();
     let dest = gmig()
@@ -78,14 +86,57 @@ fn pair_at(
             "--policy",
             policy,
         ])
+        .args(source_args)
         .output()
         .unwrap();
     (src, wait_at_most(dest, std::time::Duration::from_secs(120)))
 }
 
+/// Where the source places its 64+384 vGPU (first fit): aperture and hidden bases.
+fn source_slices() -> [u64; 2] {
+    use gmig_vgpu::gm::{HostConfig, PartitionManager};
+    let ty = gmig_vgpu::migratable::parse_vgpu_type("64+384").unwrap();
+    let (_, s) = PartitionManager::new(HostConfig::default())
+        .unwrap()
+        .place(ty)
+        .unwrap();
+    [s.aperture.base.0, s.hidden.base.0]
+}
+
+/// The guest-visible state digest (`state_digest`) of the same guest as [`pair_at`]'s source
+/// (desktop, seed 1, 48 MiB, first fit on the host), run here unmigrated for `frames` frames and
+/// the work they queued.
+fn reference_digest(frames: u64) -> String {
+    use gmig_vgpu::gm::{HostConfig, PartitionManager};
+    use gmig_vgpu::migratable::{parse_vgpu_type, VgpuVm};
+    use gmig_vgpu::workload::{Profile, WorkloadConfig};
+    let ty = parse_vgpu_type("64+384").unwrap();
+    let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+    let (_, slices) = pm.place(ty).unwrap();
+    let mut vm = VgpuVm::boot(
+        ty,
+        slices,
+        48 << 20,
+        Profile::Desktop,
+        WorkloadConfig::default(),
+        1,
+    )
+    .unwrap();
+    vm.run_steps(frames).unwrap();
+    vm.run_queued();
+    format!(
+        "{:016x}",
+        gmig_vgpu::compare::guest_visible_digest(vm.vgpu())
+    )
+}
+
 #[test]
 fn migrate_between_two_processes() {
-    let (src, dst) = pair("64+384", "one-shot-narrow");
+    // The stop lets no queued workload finish on the source: the last frame's two (a client and a
+    // compositor batch) travel, and the destination, on other slices (it places a neighbour
+    // first), must run them after the switch-over.
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (src, dst) = pair_at(&addr, "64+384", "one-shot-narrow", &["--max-drain", "0"]);
     assert_success(&src);
     assert_success(&dst);
     let s = json(&src.stdout);
@@ -102,8 +153,20 @@ fn migrate_between_two_processes() {
             + s["pages_stop_copy"].as_u64().unwrap()
     );
     assert_eq!(d["pages_received"].as_u64().unwrap(), total);
-    assert_eq!(d["gpu_faults"], 0);
     assert!(s["downtime_ms"].as_f64().unwrap() > 0.0);
+    // Nothing drained on the source; the destination ran the carried workloads, without a fault
+    // (a workload with stale graphics addresses would be refused, and fault)...
+    assert_eq!(s["drained_workloads"], 0, "{s}");
+    assert_eq!(d["carried_workloads_run"], 2, "{d}");
+    assert_eq!(d["gpu_faults"], 0, "{d}");
+    assert_ne!(d["slices"][0], source_slices()[0], "the vGPU moved: {d}");
+    // ...and ended with what the same guest has unmigrated: what those workloads wrote included.
+    let frames = s["frames"].as_u64().unwrap();
+    assert_eq!(
+        d["state_digest"].as_str().unwrap(),
+        reference_digest(frames),
+        "the destination's state differs from the unmigrated guest's after {frames} frames"
+    );
 }
 
 #[test]
@@ -140,7 +203,7 @@ fn demo_reports_an_identical_migration() {
 fn migrate_over_a_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("unix:{}", dir.path().join("gmig.sock").display());
-    let (src, dst) = pair_at(&addr, "64+384", "iterative");
+    let (src, dst) = pair_at(&addr, "64+384", "iterative", &[]);
     assert_success(&src);
     assert_success(&dst);
     assert_eq!(json(&src.stdout)["policy"], "iterative");

@@ -1,5 +1,7 @@
 //! `gmig vm migrate` between two processes: over loopback, and across two network namespaces
-//! joined by a veth pair. The destination's guest prints the checksum an unmigrated run prints.
+//! joined by a veth pair. Pre-copy starts at frame 8 of 24 and the switch-over comes at frame
+//! 16; the destination renders the 8 frames left, running their GPU workloads, and its guest
+//! prints the checksum an unmigrated run prints.
 
 use std::process::{Command, Output};
 
@@ -36,6 +38,25 @@ fn assert_both_succeeded(src: &Output, dst: &Output) {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+}
+
+/// Asserts the switch-over came at frame 16 with the guest still rendering, and that the
+/// destination then completed frames and ran GPU workloads.
+fn assert_destination_worked(src: &Output, dst: &Output) {
+    let s = String::from_utf8_lossy(&src.stdout);
+    let rep: serde_json::Value = serde_json::from_str(s.lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("source report not JSON ({e}): {s}"));
+    assert_eq!(rep["at_stop"]["frames"], 16, "switch-over frame: {rep}");
+    assert_eq!(rep["at_stop"]["halted"], false, "halted at the stop: {rep}");
+    let d = String::from_utf8_lossy(&dst.stdout);
+    let v: serde_json::Value = serde_json::from_str(d.lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("destination report not JSON ({e}): {d}"));
+    let frames = v["destination_frames"].as_u64().unwrap_or(0);
+    let workloads = v["destination_workloads"].as_u64().unwrap_or(0);
+    assert!(
+        frames > 0 && workloads > 0,
+        "the destination did no work after the switch-over: {v}"
+    );
 }
 
 const GUEST: [&str; 4] = ["--frames", "24", "--ram-mib", "64"];
@@ -77,7 +98,7 @@ fn pair(wrap_dst: &[&str], wrap_src: &[&str], listen: &str, to: &str) -> (Output
     for _ in 0..50 {
         std::thread::sleep(std::time::Duration::from_millis(100));
         let o = cmd(wrap_src)
-            .args(["--to", to, "--at-frame", "8"])
+            .args(["--to", to, "--at-frame", "8", "--switch-at-frame", "16"])
             .output()
             .unwrap();
         let refused = String::from_utf8_lossy(&o.stderr).contains("connecting to");
@@ -104,6 +125,7 @@ fn two_vmm_processes_migrate_a_vm_over_tcp() {
     let rep: serde_json::Value =
         serde_json::from_slice(&src.stdout).expect("source report is JSON");
     assert!(rep["downtime_ms"].as_f64().unwrap() > 0.0, "{rep}");
+    assert_destination_worked(&src, &dst);
     assert_eq!(checksum(&dst), want);
 }
 
@@ -191,5 +213,6 @@ fn two_vmm_processes_in_two_network_namespaces_over_veth() {
         "10.77.0.2:47312",
     );
     assert_both_succeeded(&src, &dst);
+    assert_destination_worked(&src, &dst);
     assert_eq!(checksum(&dst), want);
 }

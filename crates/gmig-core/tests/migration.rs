@@ -87,6 +87,13 @@ fn migrated_run(
         "{report:?}"
     );
     let remaining = TOTAL_STEPS - BEFORE - report.steps_during_precopy;
+    // The destination has work of its own after the switch-over: steps the source never ran,
+    // and the commands the stop carried instead of draining.
+    assert!(
+        remaining > 0,
+        "the source ran every step before the switch-over: {report:?}"
+    );
+    assert!(vm.queued() > 0, "no carried command on the destination");
     let digest = (|| {
         for _ in 0..remaining {
             vm.step()?;
@@ -174,7 +181,8 @@ fn narrow_sends_far_fewer_pages_in_downtime_than_stop_and_copy() {
     let mut stop_copy = Vec::new();
     for policy in Policy::ALL {
         let (a, b) = mem_pair(1 << 16);
-        let (r, _) = migrated_run(synth, policy, Box::new(a), Box::new(b), factory());
+        let (r, digest) = migrated_run(synth, policy, Box::new(a), Box::new(b), factory());
+        assert_eq!(digest, Ok(reference(synth)), "{policy:?}");
         stop_copy.push((policy, r.pages_stop_copy, r.pages_rehashed));
     }
     let sac = stop_copy[0].1;

@@ -55,12 +55,16 @@ pub struct VgpuSpec {
     /// Whether a restored vGPU remaps graphics addresses onto this host's slices (`false` only
     /// for negative controls, which show that without it the guest faults or differs).
     pub remap: bool,
+    /// Queued workloads the stop lets run on the source (`SaveSettings::max_drain`); the rest
+    /// travel in the vGPU's state and run on the destination.
+    pub max_drain: usize,
 }
 
 impl VgpuSpec {
     /// A GEN9 vGPU of type `ty` placed in host slot `slot` (0: first fit; `n`: after `n` other
     /// vGPUs of the same type) on the default host, for a real guest: the GPU keeps pace with the
-    /// guest's accesses, the VMM moves guest RAM (`ram_by_vmm`), remapping on.
+    /// guest's accesses, the VMM moves guest RAM (`ram_by_vmm`), remapping on, and the stop runs
+    /// no queued workload (`max_drain` 0: they travel and the destination runs them).
     pub fn for_guest(ty: VgpuType, slot: u32, ram_by_vmm: bool) -> Result<VgpuSpec, String> {
         let host = gmig_vgpu::gm::HostConfig::default();
         let mut pm = gmig_vgpu::gm::PartitionManager::new(host).map_err(|e| e.to_string())?;
@@ -78,6 +82,7 @@ impl VgpuSpec {
             gpu_pace: Some(GUEST_GPU_PACE),
             ram_by_vmm,
             remap: true,
+            max_drain: 0,
         })
     }
 }
@@ -109,8 +114,11 @@ impl std::fmt::Debug for VgpuBackend {
     }
 }
 
-fn settings() -> SaveSettings {
-    SaveSettings::from(&MigrationConfig::new(Policy::OneShotNarrow))
+fn settings(max_drain: usize) -> SaveSettings {
+    SaveSettings {
+        max_drain,
+        ..SaveSettings::from(&MigrationConfig::new(Policy::OneShotNarrow))
+    }
 }
 
 impl VgpuBackend {
@@ -286,7 +294,7 @@ impl UserDevice for VgpuBackend {
         let mut factory = VgpuFactory::new(s.gen, s.ty, s.slices, 0).on_memory(mem.clone());
         factory.ram_by_vmm = s.ram_by_vmm;
         factory.opts.remap = s.remap;
-        match VmDevice::new(Some(vm), factory, StreamLimits::default(), settings()).and_then(|d| {
+        match VmDevice::new(Some(vm), factory, StreamLimits::default(), settings(s.max_drain)).and_then(|d| {
             MigrationHandle::new(d)
                 .map_err(|e| gmig_vfio_migration::DeviceError::Failed(e.to_string()))
         }) {

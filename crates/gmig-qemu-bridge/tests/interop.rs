@@ -33,6 +33,10 @@ fn the_rust_vmm_vfio_user_client_attaches_to_the_served_vgpu() {
         gpu_pace: None,
         ram_by_vmm: false,
         remap: true,
+        max_drain: gmig_core::migration::MigrationConfig::new(
+            gmig_core::migration::Policy::OneShotNarrow,
+        )
+        .max_drain,
     };
     let server = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

@@ -23,9 +23,13 @@ const RAM: u64 = 32 << 20;
 const TY: VgpuType = VgpuType::V5_8;
 const SEED: u64 = 17;
 
+/// A vfio-user server for a vGPU on `slices`, with the guest-driver model `profile` (a source) or
+/// none (a destination), restoring with remapping on or (negative controls) off. Its stop lets no
+/// queued workload run (`max_drain` 0): what the guest queued travels and runs on the destination.
 fn spawn(
     slices: VgpuSlices,
     profile: Option<Profile>,
+    remap: bool,
 ) -> (PathBuf, JoinHandle<VgpuBackend>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gmig.sock");
@@ -38,7 +42,8 @@ fn spawn(
         profile: profile.map(|p| (p, SEED)),
         gpu_pace: None,
         ram_by_vmm: false,
-        remap: true,
+        remap,
+        max_drain: 0,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));
@@ -60,7 +65,7 @@ fn attach(path: &std::path::Path) -> (Client, std::fs::File) {
 #[test]
 fn a_client_sees_an_intel_gpu_with_the_pv_info_page_on_its_own_ram() {
     let (s, _) = gmig_test_support::moved_slices(TY);
-    let (path, server, _dir) = spawn(s, None);
+    let (path, server, _dir) = spawn(s, None, true);
     let (mut c, ram) = attach(&path);
     // The vGPU hashes and executes on guest RAM in place: RAM it cannot map (no descriptor, to be
     // reached by DMA_READ / DMA_WRITE messages) is refused, and the client told why (ENOTSUP).
@@ -95,11 +100,25 @@ fn a_client_sees_an_intel_gpu_with_the_pv_info_page_on_its_own_ram() {
     assert!(backend.vm().is_some(), "the vGPU outlives its client");
 }
 
-#[test]
-fn two_servers_migrate_a_running_vgpu_and_the_destination_equals_an_unmigrated_run() {
+/// Frames the guest runs on the destination after the switch-over (the guest-driver model moves
+/// there with the rest of the guest).
+const FRAMES_AFTER: u64 = 3;
+
+/// What a migration between two servers left: the source's and the destination's backends, the
+/// source's slices and the destination client's RAM file.
+struct Migrated {
+    source: VgpuBackend,
+    dest: VgpuBackend,
+    slices: VgpuSlices,
+    dst_ram: std::fs::File,
+}
+
+/// Two servers (the destination on other slices, restoring with `remap`), a desktop guest running
+/// on the source, migrated over their sockets by gmig's client while it runs.
+fn migrate_between_servers(remap: bool) -> Migrated {
     let (s, d) = gmig_test_support::moved_slices(TY);
-    let (src_path, src, _d1) = spawn(s, Some(Profile::Desktop));
-    let (dst_path, dst, _d2) = spawn(d, None);
+    let (src_path, src, _d1) = spawn(s, Some(Profile::Desktop), true);
+    let (dst_path, dst, _d2) = spawn(d, None, remap);
     let (mut sc, _src_ram) = attach(&src_path);
     let (mut dc, dst_ram) = attach(&dst_path);
     // Let the guest run a few frames (one per few messages), then migrate while it runs.
@@ -122,25 +141,96 @@ fn two_servers_migrate_a_running_vgpu_and_the_destination_equals_an_unmigrated_r
     dc.set_device_state(DeviceState::Running).unwrap();
     sc.set_device_state(DeviceState::Stop).unwrap();
     drop((sc, dc));
-    let source = src.join().unwrap();
-    let mut dest = dst.join().unwrap();
-    let steps = source.steps();
+    Migrated {
+        source: src.join().unwrap(),
+        dest: dst.join().unwrap(),
+        slices: s,
+        dst_ram,
+    }
+}
+
+/// What the destination did after the switch-over.
+struct AfterSwitchOver {
+    /// Workloads queued in the restored vGPU (carried by the stream).
+    carried: usize,
+    /// Of them, how many `run_queued` ran.
+    carried_run: usize,
+    /// Workloads the destination completed after the restore (carried ones and the frames run
+    /// there), from the vGPU's counter, which travels in its state.
+    workloads: u64,
+}
+
+/// On the destination: run the carried work, then move the guest-driver model there and run
+/// [`FRAMES_AFTER`] more frames and the wait for the last one.
+fn continue_on_destination(m: &mut Migrated) -> AfterSwitchOver {
+    let driver = m.source.vm_mut().unwrap().take_driver().unwrap();
+    let moved = m.dest.vm_mut().unwrap();
+    let at_restore = moved.vgpu().stats().workloads;
+    let carried = moved.vgpu().queued();
+    let carried_run = moved.run_queued();
+    moved.attach_driver(driver);
+    moved.run_steps(FRAMES_AFTER).unwrap();
+    moved.finish().unwrap();
+    AfterSwitchOver {
+        carried,
+        carried_run,
+        workloads: moved.vgpu().stats().workloads - at_restore,
+    }
+}
+
+/// The same guest never migrated: `steps` frames, the work they queued, then the frames the
+/// destination runs.
+fn unmigrated(slices: VgpuSlices, steps: u64) -> VgpuVm {
+    let mut reference = VgpuVm::boot(
+        TY,
+        slices,
+        RAM,
+        Profile::Desktop,
+        WorkloadConfig::small(),
+        SEED,
+    )
+    .unwrap();
+    reference.run_steps(steps).unwrap();
+    reference.run_queued();
+    reference.run_steps(FRAMES_AFTER).unwrap();
+    reference.finish().unwrap();
+    reference
+}
+
+#[test]
+fn two_servers_migrate_a_running_vgpu_and_the_destination_equals_an_unmigrated_run() {
+    let mut m = migrate_between_servers(true);
+    let steps = m.source.steps();
     assert!(
         steps >= 3,
         "the workload ran during the migration ({steps} steps)"
     );
-    // The destination runs what the stop carried; so does the reference.
-    dest.vm_mut().unwrap().run_queued();
-    let mut reference =
-        VgpuVm::boot(TY, s, RAM, Profile::Desktop, WorkloadConfig::small(), SEED).unwrap();
-    reference.run_steps(steps).unwrap();
-    reference.run_queued();
-    let moved = dest.vm().unwrap();
+    // The destination runs what the stop carried (the desktop's last frame: a client and a
+    // compositor batch), then the guest's next frames; so does the reference.
+    let after = continue_on_destination(&mut m);
+    assert_eq!(
+        after.carried, 2,
+        "the stop carried the last frame's workloads"
+    );
+    assert_eq!(after.carried_run, after.carried);
+    // Two carried, then two a frame.
+    assert!(
+        after.workloads >= 2 + 2 * FRAMES_AFTER,
+        "the destination completed {} workloads after the switch-over",
+        after.workloads
+    );
+    let moved = m.dest.vm().unwrap();
+    assert!(
+        moved.vgpu().faults().is_empty(),
+        "{:?}",
+        moved.vgpu().faults()
+    );
+    let reference = unmigrated(m.slices, steps);
     let diff = compare_guest_visible(reference.vgpu(), moved.vgpu());
     assert!(diff.is_identical(), "{diff:?}");
     // And the destination's vGPU lives in the destination client's RAM file.
     let mut a = vec![0u8; RAM as usize];
-    dst_ram.read_exact_at(&mut a, 0).unwrap();
+    m.dst_ram.read_exact_at(&mut a, 0).unwrap();
     let mut b = vec![0u8; RAM as usize];
     use vm_memory::{Bytes, GuestAddress};
     reference
@@ -151,5 +241,42 @@ fn two_servers_migrate_a_running_vgpu_and_the_destination_equals_an_unmigrated_r
     assert!(
         a == b,
         "destination client RAM differs from the unmigrated guest's"
+    );
+}
+
+/// The negative control: the same migration with remapping off on the destination. The restored
+/// state looks the same either way; the difference shows when the destination executes: every
+/// workload it runs (the carried ones and the guest's next frames) uses the source's graphics
+/// addresses, which fall outside its slices, so the vGPU faults and refuses them and their writes
+/// are missing from guest RAM.
+#[test]
+fn without_remapping_the_served_destination_faults_and_differs() {
+    let mut m = migrate_between_servers(false);
+    let steps = m.source.steps();
+    let after = continue_on_destination(&mut m);
+    assert_eq!(
+        after.carried, 2,
+        "the stop carried the last frame's workloads"
+    );
+    assert_eq!(after.carried_run, after.carried);
+    assert_eq!(
+        after.workloads, 0,
+        "with stale addresses no workload completes on the destination"
+    );
+    let moved = m.dest.vm().unwrap();
+    assert!(
+        moved.vgpu().stats().refused >= 2 + 2 * FRAMES_AFTER,
+        "the destination refused its workloads: {:?}",
+        moved.vgpu().stats()
+    );
+    let reference = unmigrated(m.slices, steps);
+    let diff = compare_guest_visible(reference.vgpu(), moved.vgpu());
+    assert!(
+        diff.faults,
+        "stale addresses fault on the destination: {diff:?}"
+    );
+    assert!(
+        !diff.pages.is_empty(),
+        "and the writes they were meant to do are missing: {diff:?}"
     );
 }

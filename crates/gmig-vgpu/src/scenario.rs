@@ -81,6 +81,10 @@ pub struct ScenarioReport {
     pub source_slices: [u64; 2],
     /// Destination slices.
     pub dest_slices: [u64; 2],
+    /// Frames the guest-driver model completed on the destination after the switch-over.
+    pub destination_frames: u64,
+    /// GPU workloads the destination's vGPU ran after the switch-over (carried ones included).
+    pub destination_workloads: u64,
 }
 
 fn vm_err(phase: MigrationPhase) -> impl Fn(VmError) -> MigrationError {
@@ -142,8 +146,15 @@ pub fn run_loopback(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result
         .take_driver()
         .ok_or_else(|| MigrationError::Config("source lost its guest driver".into()))?;
     moved.attach_driver(driver);
+    let (restored_frames, restored_workloads) = (moved.frames(), moved.vgpu().stats().workloads);
     moved.run_steps(s.frames_after).map_err(vm_err(P::Resume))?;
     moved.finish().map_err(vm_err(P::Resume))?;
+    let destination_frames = moved.frames().saturating_sub(restored_frames);
+    let destination_workloads = moved
+        .vgpu()
+        .stats()
+        .workloads
+        .saturating_sub(restored_workloads);
 
     let mut reference = boot().map_err(vm_err(P::Resume))?;
     reference
@@ -162,5 +173,7 @@ pub fn run_loopback(s: &Scenario, progress: &mut dyn FnMut(&Progress)) -> Result
         link_gbps: s.link_gbps,
         source_slices: [src_slices.aperture.base.0, src_slices.hidden.base.0],
         dest_slices: [dst_slices.aperture.base.0, dst_slices.hidden.base.0],
+        destination_frames,
+        destination_workloads,
     })
 }

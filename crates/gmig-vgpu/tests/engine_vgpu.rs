@@ -334,10 +334,22 @@ fn the_destination_owns_the_vgpu_only_after_commit_and_keeps_a_copy_when_in_doub
         }
         let out = dest.join().unwrap();
         match (script, out) {
-            ("commit", Ok(Incoming::Running(moved, _))) => {
+            ("commit", Ok(Incoming::Running(mut moved, _))) => {
                 assert!(moved.vgpu().is_accepting(), "COMMIT runs the vGPU");
                 let diff = compare_guest_visible(vm.vgpu(), moved.vgpu());
                 assert!(diff.is_identical(), "{diff:?}");
+                // The owner runs the workloads the stop carried (max_drain 0), on its own
+                // slices, to what the unmigrated vGPU computes.
+                let ran = moved.run_queued();
+                assert!(
+                    ran > 0,
+                    "COMMIT: no carried workload ran on the destination"
+                );
+                let mut reference = boot(Profile::Desktop, 21, s);
+                reference.run_steps(BEFORE).unwrap();
+                assert_eq!(reference.run_queued(), ran);
+                let diff = compare_guest_visible(reference.vgpu(), moved.vgpu());
+                assert!(diff.is_identical(), "after the carried work: {diff:?}");
             }
             ("aborted", Err(MigrationError::Aborted { phase, reason })) => {
                 assert_eq!(phase, MigrationPhase::Commit);

@@ -12,6 +12,8 @@
 //! * [`migrate`]: whole-VM live migration over a byte stream (TCP): RAM pre-copy with KVM's dirty
 //!   log joined with the vGPU's DMA-logged pages, vCPU and device state, commit on the
 //!   destination's acknowledgement.
+//! * [`switchover`]: what the guest and the vGPU had done at the switch-over and what the
+//!   destination did after it.
 //!
 //! **Interrupts.** The VMM has no interrupt controller: the guest waits for its seqno by polling
 //! a vGPU register (each poll is an exit, during which the vGPU makes progress). MSIs the vGPU
@@ -24,12 +26,14 @@ pub mod loopback;
 pub mod machine;
 pub mod migrate;
 pub mod pci;
+pub mod switchover;
 
 pub use gpu::{GpuLink, GpuPci, Linked, Remote};
 pub use guest::{GuestConfig, GuestProfile, Telemetry};
 pub use kvm::{memfd_guest_ram, Bus, Stop, VcpuState, Vm};
 pub use machine::Machine;
 pub use pci::{PciDevice, PciHost};
+pub use switchover::{GpuProgress, Progress, Work};
 
 /// Errors of the VMM.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use crate::guest::GuestConfig;
 use crate::machine::Machine;
-use crate::migrate::{migrate_in, migrate_out, Incoming, Options, Report};
+use crate::migrate::{migrate_in, migrate_out_at, Incoming, Options, Report};
+use crate::switchover::{Progress, Work};
 use crate::{Error, GpuLink, Linked, Result, Stop};
 
 /// Exits enough for any guest this crate builds to finish.
@@ -30,6 +31,8 @@ pub struct LoopbackReport {
     pub incoming: Incoming,
     /// Frames the guest had completed when the migration started.
     pub at_frame: u64,
+    /// Frames it had completed at the switch-over (pre-copy rounds run until then).
+    pub switch_frame: u64,
     /// The guest's final serial line with its checksum.
     pub checksum_line: String,
     /// The migrated guest's serial output, guest RAM (telemetry page aside) and exits equal the
@@ -40,11 +43,22 @@ pub struct LoopbackReport {
     pub guest_max_gap_us: f64,
     /// MSIs the vGPU signalled on the destination (counted; the guest polls).
     pub msis: u64,
+    /// What the destination did after the switch-over: frames the guest completed and GPU
+    /// workloads the vGPU ran there (both > 0, or [`loopback`] fails).
+    pub destination: Work,
+    /// `destination.frames`, flat for JSON readers.
+    pub destination_frames: u64,
+    /// `destination.workloads`, flat for JSON readers.
+    pub destination_workloads: u64,
 }
 
 /// Runs `cfg` unmigrated on `ram` bytes, then again migrating it (once it has completed
 /// `at_frame` frames) to a destination whose vGPU sits elsewhere in graphics memory, and
-/// compares the two.
+/// compares the two. Pre-copy rounds run while the guest renders, and the switch-over comes
+/// when the guest completes [`switch_frame`]`(cfg, at_frame)`, halfway through what is left, so
+/// the destination always has work to do. A migration whose switch-over leaves the destination nothing to do (the
+/// guest finished during pre-copy, or the destination completed no frame or ran no GPU workload)
+/// is an error: it would prove nothing about the destination.
 pub fn loopback(
     cfg: &GuestConfig,
     ram: u64,
@@ -72,15 +86,34 @@ pub fn loopback(
     });
     let mut conn = TcpStream::connect(addr)?;
     conn.set_nodelay(true)?;
-    let out = migrate_out(&mut src, cfg, &mut conn, opts);
+    let switch = switch_frame(cfg, at_frame);
+    let out = migrate_out_at(&mut src, cfg, &mut conn, opts, &mut |m: &Machine| {
+        m.frames_done() >= switch
+    });
     drop(conn);
     let incoming = dest
         .join()
         .map_err(|_| Error::Guest("the destination thread panicked".into()))?;
     let migration = out?;
     let (mut m, incoming) = incoming?;
+    if migration.at_stop.halted {
+        return Err(Error::Guest(format!(
+            "the guest finished all {} frames during pre-copy: the destination would do no work \
+             (fewer pre-copy rounds or more frames)",
+            migration.at_stop.frames
+        )));
+    }
     if m.run(RUN_TO_END)? != Stop::Halted {
         return Err(Error::Guest("the migrated guest did not finish".into()));
+    }
+    let destination = Progress::of(&m).work_since(&incoming.at_restore);
+    let destination_workloads = destination.workloads.unwrap_or(0);
+    if destination.frames == 0 || destination_workloads == 0 {
+        return Err(Error::Guest(format!(
+            "the destination completed {} frames and {destination_workloads} GPU workloads after \
+             the switch-over: nothing proven",
+            destination.frames
+        )));
     }
     let identical =
         m.serial_results() == base.serial_results() && m.ram_image()? == base.ram_image()?;
@@ -90,6 +123,7 @@ pub fn loopback(
         migration,
         incoming,
         at_frame,
+        switch_frame: migration.at_stop.frames,
         checksum_line: m
             .serial_results()
             .lines()
@@ -99,5 +133,15 @@ pub fn loopback(
         identical,
         guest_max_gap_us: tel.max_gap_tsc as f64 * 1000.0 / khz,
         msis: m.msis(),
+        destination,
+        destination_frames: destination.frames,
+        destination_workloads,
     })
+}
+
+/// The frame at whose completion [`loopback`] switches over: halfway from `at_frame` to the
+/// guest's last frame (rounded up), so both sides render part of what is left.
+pub fn switch_frame(cfg: &GuestConfig, at_frame: u64) -> u64 {
+    let frames = u64::from(cfg.frames);
+    at_frame + frames.saturating_sub(at_frame).div_ceil(2)
 }

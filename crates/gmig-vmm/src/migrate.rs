@@ -27,6 +27,7 @@ use crate::gpu::GpuLink;
 use crate::guest::GuestConfig;
 use crate::kvm::{realtime_ns, Stop, VcpuState};
 use crate::machine::{Machine, SerialSnapshot};
+use crate::switchover::Progress;
 use crate::{Error, Result};
 
 /// Stream magic.
@@ -154,6 +155,8 @@ pub struct Report {
     pub dest_downtime_ms: f64,
     /// Whole migration, ms.
     pub total_ms: f64,
+    /// Where the source's guest and vGPU were when its vCPU paused for good.
+    pub at_stop: Progress,
 }
 
 struct Wire<'a, S: Write> {
@@ -312,10 +315,37 @@ pub fn migrate_out<S: Read + Write>(
     conn: &mut S,
     opts: &Options,
 ) -> Result<Report> {
+    migrate(m, guest, conn, opts, None)
+}
+
+/// As [`migrate_out`], but the switch-over comes at a chosen point of the guest's run instead of
+/// when pre-copy converges: pre-copy rounds go on (every `round_exits` exits, `max_rounds` and
+/// `converge_pages` aside) until `point` holds, asked after every exit, and the vCPU pauses for
+/// good at that exit. If `point` holds when the migration starts, the first pass is followed by
+/// the stop at once. A guest that finishes before its point fails the migration (the source VM
+/// is kept, halted): a switch-over after the guest's work would prove nothing. For tests and
+/// benches that must stop, say, with GPU work queued or in the middle of a frame.
+pub fn migrate_out_at<S: Read + Write>(
+    m: &mut Machine,
+    guest: &GuestConfig,
+    conn: &mut S,
+    opts: &Options,
+    point: &mut dyn FnMut(&Machine) -> bool,
+) -> Result<Report> {
+    migrate(m, guest, conn, opts, Some(point))
+}
+
+fn migrate<S: Read + Write>(
+    m: &mut Machine,
+    guest: &GuestConfig,
+    conn: &mut S,
+    opts: &Options,
+    point: Option<&mut dyn FnMut(&Machine) -> bool>,
+) -> Result<Report> {
     let ram = m.vm().ram_bytes();
     let started = Instant::now();
     let mut committing = false;
-    let r = send_all(m, guest, conn, opts, started, &mut committing);
+    let r = send_all(m, guest, conn, opts, started, &mut committing, point);
     match r {
         Err(e) if committing => {
             return Err(match e {
@@ -346,6 +376,7 @@ fn send_all<S: Read + Write>(
     opts: &Options,
     started: Instant,
     committing: &mut bool,
+    mut point: Option<&mut dyn FnMut(&Machine) -> bool>,
 ) -> Result<Report> {
     let mut rep = Report::default();
     let ram = m.vm().ram_bytes();
@@ -376,9 +407,19 @@ fn send_all<S: Read + Write>(
     rep.rounds = 1;
     // The guest runs between rounds; a round at or below `converge_pages`, or the round budget,
     // ends pre-copy (after one more stretch of guest execution, as a VMM keeps the vCPU running
-    // while its last round is in flight).
+    // while its last round is in flight). With a chosen `point`, rounds go on until it holds.
+    let point_mode = point.is_some();
+    let mut reached = |m: &Machine| point.as_deref_mut().is_some_and(|p| p(m));
+    let mut at_point = reached(m);
     loop {
-        if m.run(opts.round_exits)? == Stop::Halted || rep.rounds > opts.max_rounds {
+        if at_point {
+            break;
+        }
+        let stop = m.run_until(opts.round_exits, |m| {
+            at_point = reached(m);
+            at_point
+        })?;
+        if stop == Stop::Halted || (!point_mode && rep.rounds > opts.max_rounds) {
             break;
         }
         let (dirty, _) = collect_dirty(m, opts.gpu_dirty)?;
@@ -386,15 +427,22 @@ fn send_all<S: Read + Write>(
         rep.precopy_pages += send_pages(&mut w, &mem, pages, Some(&dirty))?;
         rep.device_precopy_bytes += send_device(&mut w, m.gpu().link())?;
         rep.rounds += 1;
-        if dirty.count() <= opts.converge_pages {
+        if !point_mode && dirty.count() <= opts.converge_pages {
             m.run(opts.round_exits)?;
             break;
         }
+    }
+    if point_mode && !at_point {
+        return Err(Error::Guest(format!(
+            "the guest finished ({} frames) before the chosen switch-over point",
+            m.frames_done()
+        )));
     }
 
     // Downtime: the vCPU is not entered again from here on.
     let paused = Instant::now();
     let paused_at_ns = realtime_ns();
+    rep.at_stop = Progress::of(m);
     let t = Instant::now();
     m.gpu().link().set_state(DeviceState::StopCopy)?;
     let stop_ms = ms(t);
@@ -473,6 +521,8 @@ pub struct Incoming {
     pub device_bytes: u64,
     /// DONE received → vCPU runnable (the destination's part of the downtime), ms.
     pub restore_ms: f64,
+    /// Where the restored guest and vGPU were before the destination's vCPU first ran.
+    pub at_restore: Progress,
 }
 
 /// Receives a VM over `conn` onto the vGPU behind `link`. Returns the VM, ready to run, once
@@ -586,6 +636,7 @@ fn receive<S: Read + Write>(
     m.gpu().restore_config(&config)?;
     m.restore_serial(&serial)?;
     m.vm().restore_vcpu(&vcpu)?;
+    inc.at_restore = Progress::of(&m);
     inc.restore_ms = ms(t);
     if handshake {
         // A complete, stopped copy exists here now: from this point a failure is a doubt.

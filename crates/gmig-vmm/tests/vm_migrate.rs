@@ -1,17 +1,21 @@
-//! Whole-VM live migration of a real KVM guest driving the vGPU: the migrated run equals an
-//! unmigrated one, for every profile and at every kind of migration point; without gmig's
-//! software dirty pages (KVM's dirty log alone) it does not; a cut connection or a refused stream
-//! leaves the source running with nothing lost.
+//! Whole-VM live migration of a real KVM guest driving the vGPU. Every migration here pauses the
+//! source at a chosen point of the guest's run with work left, and asserts what the destination
+//! did after the switch-over (frames completed, GPU workloads run), then that it finished exactly
+//! as an unmigrated run: for every profile, early (GGTT setup), mid-frame and with a workload
+//! queued in the vGPU. Negative controls beside their positive twins: without remapping the
+//! destination's vGPU faults on the guest's old graphics addresses and the guest stalls; without
+//! the vGPU's DMA log (KVM's dirty log alone) the destination differs. A cut connection or a
+//! refused stream leaves the source running with nothing lost.
 
 mod common;
 
 use common::*;
-use gmig_vmm::{GuestConfig, GuestProfile, Stop};
+use gmig_vmm::{GuestConfig, GuestProfile, Machine, Stop};
 
 fn cfg(profile: GuestProfile) -> GuestConfig {
     GuestConfig {
         profile,
-        frames: 24,
+        frames: FRAMES,
         ..GuestConfig::default()
     }
 }
@@ -24,16 +28,42 @@ fn migrated_guest_finishes_exactly_as_an_unmigrated_one() {
     for profile in GuestProfile::ALL {
         let c = cfg(profile);
         let base = baseline(&c);
+        let third = u64::from(c.frames) / 3;
         for (name, point) in [
-            ("early (GGTT setup)", Point::Exit(40)),
-            ("mid-frame", Point::Frame(u64::from(c.frames) / 2, 3)),
-            ("queued batch", Point::QueuedAfter(u64::from(c.frames) / 3)),
+            ("early (GGTT setup)", Point::Setup(20)),
+            ("mid-frame", Point::Frame(third, 3)),
+            ("queued workload", Point::QueuedAfter(third)),
         ] {
             let what = format!("{} {name}", profile.name());
             let (_src, dest, rep) = migrate_at(&c, point, &opts(), linked(1, true));
             let rep = rep.unwrap_or_else(|e| panic!("{what}: migration failed: {e}"));
-            let (mut m, _) = dest.unwrap_or_else(|e| panic!("{what}: destination failed: {e}"));
+            let (mut m, inc) = dest.unwrap_or_else(|e| panic!("{what}: destination failed: {e}"));
+            // Each point is what its name says, at the moment the source paused.
+            let restored = inc.at_restore.gpu.expect("in-process vGPU counters");
+            match point {
+                Point::Setup(_) => assert!(
+                    rep.at_stop.phase == PHASE_SETUP && rep.at_stop.frames == 0,
+                    "{what}: not in the guest's setup at the stop: {:?}",
+                    rep.at_stop
+                ),
+                Point::Frame(f, _) => assert!(
+                    rep.at_stop.phase == PHASE_FRAMES && rep.at_stop.frames == f,
+                    "{what}: not inside frame {f} at the stop: {:?}",
+                    rep.at_stop
+                ),
+                Point::QueuedAfter(_) => assert!(
+                    restored.queued > 0,
+                    "{what}: the restored vGPU holds no queued workload"
+                ),
+            }
             assert_eq!(m.run(ALL).expect("run on"), Stop::Halted, "{what}");
+            let work = assert_destination_worked(&what, &rep, &inc, &m, None);
+            if let Point::QueuedAfter(_) = point {
+                assert!(
+                    work.workloads >= Some(restored.queued),
+                    "{what}: the destination did not run the queued workloads it restored"
+                );
+            }
             eprintln!("{what}: {rep:?}");
             assert_same_run(&base, &m, &what);
         }
@@ -41,13 +71,58 @@ fn migrated_guest_finishes_exactly_as_an_unmigrated_one() {
 }
 
 /// Runs the destination on; returns whether it finished exactly as the baseline did.
-fn finishes_as(base: &gmig_vmm::Machine, m: &mut gmig_vmm::Machine) -> bool {
+fn finishes_as(base: &Machine, m: &mut Machine) -> bool {
     // A guest whose GPU results were lost may wait for ever: a hang is a difference too.
     match m.run(base.exits * 3) {
         Ok(Stop::Halted) => {}
         _ => return false,
     }
     base.serial_results() == m.serial_results() && differing_pages(&ram(base), &ram(m)).is_empty()
+}
+
+#[test]
+fn without_remapping_the_destination_faults_and_the_guest_stalls() {
+    if !kvm_present() {
+        return;
+    }
+    let c = cfg(GuestProfile::Desktop);
+    let base = baseline(&c);
+    let point = Point::Frame(u64::from(c.frames) / 3, 3);
+    // Positive twin: the same migration with remapping.
+    let (_s, dest, rep) = migrate_at(&c, point, &opts(), linked(1, true));
+    let rep = rep.expect("migration");
+    let (mut m, inc) = dest.expect("destination");
+    assert!(finishes_as(&base, &mut m), "the correct migration differs");
+    assert_destination_worked("with remapping", &rep, &inc, &m, None);
+    assert!(
+        faults(&m).is_empty(),
+        "faults with remapping: {:?}",
+        faults(&m)
+    );
+
+    // Control: the destination's vGPU (another slot) keeps the source's graphics addresses.
+    let (_s, dest, rep) = migrate_at(&c, point, &opts(), linked(1, false));
+    rep.expect("the migration itself completes");
+    let (mut m, inc) = dest.expect("destination");
+    let finished = finishes_as(&base, &mut m);
+    let f = faults(&m);
+    eprintln!(
+        "remapping off: finished as the baseline: {finished}; frames after the switch-over: {}; \
+         faults: {f:?}",
+        m.frames_done() - inc.at_restore.frames
+    );
+    assert!(
+        f.iter().any(|r| r.contains("outside this vGPU's slices")),
+        "remapping off: no out-of-slice fault on the destination: {f:?}"
+    );
+    assert!(
+        !finished,
+        "remapping off: the guest finished as the baseline did"
+    );
+    assert!(
+        !m.halted(),
+        "remapping off: the guest did not stall (it halted)"
+    );
 }
 
 #[test]
@@ -58,15 +133,19 @@ fn with_kvm_dirty_log_only_the_migrated_guest_differs() {
     let c = cfg(GuestProfile::Desktop);
     let base = baseline(&c);
     let point = Point::Frame(u64::from(c.frames) / 3, 3);
-    // Control: the same migration, correct, to show the controls below are about what they
-    // switch off.
+    // Positive twin: the same migration, correct, to show the control below is about what it
+    // switches off.
     let (_s, dest, rep) = migrate_at(&c, point, &opts(), linked(1, true));
     let rep = rep.expect("migration");
-    let (mut m, _) = dest.expect("destination");
+    let (mut m, inc) = dest.expect("destination");
     assert!(finishes_as(&base, &mut m), "the correct migration differs");
-    eprintln!("with DMA logging: {rep:?}");
+    assert_destination_worked("with DMA logging", &rep, &inc, &m, None);
+    assert!(
+        rep.rounds > 1,
+        "pre-copy had no round after the first pass: nothing for the vGPU to dirty"
+    );
 
-    // 1. KVM's dirty log only: the pages the vGPU wrote during pre-copy are never resent.
+    // Control: KVM's dirty log only: the pages the vGPU wrote during pre-copy are never resent.
     let no_gpu = gmig_vmm::migrate::Options {
         gpu_dirty: false,
         ..opts()
@@ -134,7 +213,7 @@ fn a_cut_connection_or_a_refused_stream_leaves_the_source_running_with_nothing_l
         ("cut before DONE, in downtime", None, true, None),
         ("a corrupted page record", None, false, Some(5_000)),
     ] {
-        let mut src = gmig_vmm::Machine::boot(RAM, &c, linked(0, true)).expect("boot");
+        let mut src = Machine::boot(RAM, &c, linked(0, true)).expect("boot");
         src.run_until(ALL, |m| m.frames_done() >= 8).expect("run");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let addr = listener.local_addr().expect("address");
@@ -150,14 +229,51 @@ fn a_cut_connection_or_a_refused_stream_leaves_the_source_running_with_nothing_l
             cut_before_done,
             flip_at,
         };
-        let r = gmig_vmm::migrate::migrate_out(&mut src, &c, &mut conn, &opts());
+        // The stop (or the failure before it) comes in frame 16 of 40: work is left after it.
+        let mut point = Point::Frame(16, 3).reached();
+        let r = gmig_vmm::migrate::migrate_out_at(&mut src, &c, &mut conn, &opts(), &mut point);
         drop(conn);
         let dest = t.join().expect("destination thread");
         assert!(r.is_err(), "{what}: the source committed");
         assert!(dest.is_err(), "{what}: the destination accepted");
         eprintln!("{what}: source: {}", r.unwrap_err());
-        // The source carries on to the same end as an unmigrated run.
+        // The source carries on to the same end as an unmigrated run, doing the rest of the
+        // guest's work itself.
+        assert!(
+            !src.halted(),
+            "{what}: the guest had finished before the failure"
+        );
+        let failed_at = gmig_vmm::Progress::of(&src);
         assert_eq!(src.run(ALL).expect("run on"), Stop::Halted, "{what}");
+        let after = gmig_vmm::Progress::of(&src).work_since(&failed_at);
+        assert!(
+            after.frames > 0 && after.workloads > Some(0),
+            "{what}: the source did no work after the failed migration: {after:?}"
+        );
         assert_same_run(&base, &src, what);
     }
+}
+
+#[test]
+fn a_switch_over_point_after_the_guests_end_fails_loudly_and_keeps_the_source() {
+    if !kvm_present() {
+        return;
+    }
+    let c = GuestConfig {
+        frames: 4,
+        ..GuestConfig::default()
+    };
+    let base = baseline(&c);
+    // The point can never hold: the guest halts first. The migration must not pass as one whose
+    // destination did the (absent) work.
+    let (src, dest, rep) = migrate_at(&c, Point::Frame(5, 0), &opts(), linked(1, true));
+    let e = rep.expect_err("a switch-over after the guest's end was accepted");
+    assert!(
+        e.to_string()
+            .contains("before the chosen switch-over point"),
+        "{e}"
+    );
+    assert!(dest.is_err(), "the destination accepted a VM");
+    assert!(src.halted());
+    assert_same_run(&base, &src, "the kept source");
 }

@@ -5,6 +5,7 @@ use std::os::unix::net::UnixListener;
 
 use anyhow::{anyhow, Context};
 use gmig_cmdparser::Gen;
+use gmig_core::migration::{MigrationConfig, Policy};
 use gmig_qemu_bridge::server::Server;
 use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec, GUEST_GPU_PACE};
 use gmig_vgpu::gm::{HostConfig, PartitionManager};
@@ -52,6 +53,11 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         gpu_pace: args.profile.is_none().then_some(GUEST_GPU_PACE),
         ram_by_vmm: args.ram_by_vmm,
         remap: true,
+        max_drain: args.max_drain.unwrap_or(if args.profile.is_some() {
+            MigrationConfig::new(Policy::OneShotNarrow).max_drain
+        } else {
+            0
+        }),
     };
     event(
         json,

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context};
 use gmig_vgpu::gm::VgpuType;
 use gmig_vmm::loopback::{linked_vgpu, RUN_TO_END};
-use gmig_vmm::migrate::{migrate_in, migrate_out, resume_in, Options};
-use gmig_vmm::{GpuLink, GuestConfig, GuestProfile, Machine, Remote, Stop};
+use gmig_vmm::migrate::{migrate_in, migrate_out, migrate_out_at, resume_in, Incoming, Options};
+use gmig_vmm::{GpuLink, GuestConfig, GuestProfile, Machine, Progress, Remote, Stop};
 
 use crate::cli::{VmCommand, VmGuestArgs, VmMigrateArgs};
 use crate::exit::{side_fields, Failure};
@@ -66,6 +66,34 @@ fn finish(m: &mut Machine, json: bool, extra: serde_json::Value) -> Result<(), F
         eprintln!("gmig vm: {} exits, {msis} MSIs signalled", m.exits);
     }
     Ok(())
+}
+
+/// The destination runs the VM to its end and says what it did after the switch-over.
+fn finish_migrated(m: &mut Machine, inc: &Incoming, json: bool) -> Result<(), Failure> {
+    if m.run(RUN_TO_END).context("running the guest")? != Stop::Halted {
+        return Err(anyhow!("the guest did not halt").into());
+    }
+    let work = Progress::of(m).work_since(&inc.at_restore);
+    if !json {
+        eprintln!(
+            "gmig vm: destination ran {} frames / {} GPU workloads after the switch-over (restored at frame {})",
+            work.frames,
+            work.workloads
+                .map_or_else(|| "(not visible: vGPU out of process)".into(), |w| w.to_string()),
+            inc.at_restore.frames
+        );
+    }
+    finish(
+        m,
+        json,
+        serde_json::json!({
+            "incoming": serde_json::to_value(inc).context("report")?,
+            "destination_frames": work.frames,
+            "destination_workloads": work.workloads,
+            "vm": "running",
+            "role": "destination",
+        }),
+    )
 }
 
 fn run_guest(a: &VmGuestArgs, json: bool) -> Result<(), Failure> {
@@ -224,15 +252,7 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                     inc.pages, inc.device_bytes, inc.restore_ms
                 );
             }
-            finish(
-                &mut m,
-                json,
-                serde_json::json!({
-                    "incoming": serde_json::to_value(inc).context("report")?,
-                    "vm": "running",
-                    "role": "destination",
-                }),
-            )
+            finish_migrated(&mut m, &inc, json)
         }
         (None, Some(addr)) => {
             let cfg = guest_config(&a.guest)?;
@@ -262,7 +282,13 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                 round_exits: a.round_exits,
                 ..Options::default()
             };
-            let rep = match migrate_out(&mut m, &cfg, &mut conn, &opts) {
+            let out = match a.switch_at_frame {
+                Some(f) => migrate_out_at(&mut m, &cfg, &mut conn, &opts, &mut |m: &Machine| {
+                    m.frames_done() >= f
+                }),
+                None => migrate_out(&mut m, &cfg, &mut conn, &opts),
+            };
+            let rep = match out {
                 Ok(r) => r,
                 Err(e) if e.in_doubt() => return Err(vm_in_doubt(conn, "source", e)),
                 Err(e) => {
@@ -300,6 +326,15 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
 
 /// The downtime report of a whole-VM migration, for people.
 pub fn print_report(r: &gmig_vmm::migrate::Report) {
+    println!(
+        "switch-over at frame {} (the guest {})",
+        r.at_stop.frames,
+        if r.at_stop.halted {
+            "had already finished: the destination has nothing left to do"
+        } else {
+            "still rendering"
+        }
+    );
     println!(
         "VM migrated: {} MiB guest RAM, {} pre-copy rounds, {} pages before the stop, {} after ({} only the vGPU's DMA log had)",
         r.ram_bytes >> 20,
