@@ -1,6 +1,7 @@
-//! Builds the guest GPU driver (`guest/`) from source: gcc compiles the freestanding C and the
-//! entry stub, links them at 1 MiB with `guest/link.ld`, and objcopy makes the flat image the VMM
-//! loads (`$OUT_DIR/guest.bin`).
+//! Builds the guest GPU driver (`guest/`) from source: gcc compiles the freestanding platform
+//! (`driver.c`), the driver's core it shares with the Linux program (`gpu.c`, `gpu.h`; see
+//! `guest/build-linux.sh`) and the entry stub, links them at 1 MiB with `guest/link.ld`, and
+//! objcopy makes the flat image the VMM loads (`$OUT_DIR/guest.bin`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +17,7 @@ fn run(cmd: &mut Command) {
 fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let dir = Path::new("guest");
-    for f in ["driver.c", "start.S", "link.ld"] {
+    for f in ["driver.c", "gpu.c", "gpu.h", "start.S", "link.ld"] {
         println!("cargo:rerun-if-changed=guest/{f}");
     }
     let cc = std::env::var("GMIG_GUEST_CC").unwrap_or_else(|_| "gcc".into());
@@ -46,6 +47,7 @@ fn main() {
         .arg(dir.join("link.ld"))
         .arg(dir.join("start.S"))
         .arg(dir.join("driver.c"))
+        .arg(dir.join("gpu.c"))
         .arg("-o")
         .arg(&elf));
     let objcopy = std::env::var("GMIG_GUEST_OBJCOPY").unwrap_or_else(|_| "objcopy".into());
