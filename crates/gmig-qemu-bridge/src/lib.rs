@@ -21,6 +21,8 @@
 
 pub mod client;
 pub mod framing;
+mod irqs;
 pub mod proto;
 pub mod server;
+mod server_checks;
 pub mod vgpu_backend;

@@ -13,8 +13,9 @@
 //!
 //! DMA regions mapped without a file descriptor are served by messages: a device that accepts them
 //! ([`UserDevice::remote_dma`]) reaches them through a [`Dma`] port whose accesses become
-//! `VFIO_USER_DMA_READ` / `VFIO_USER_DMA_WRITE` requests to the client; commands the client sends
-//! while the server waits for such a reply are queued and handled afterwards, in order. Regions
+//! `VFIO_USER_DMA_READ` / `VFIO_USER_DMA_WRITE` requests to the client (any other device takes
+//! such maps and never uses them); commands the client sends while the server waits for such a
+//! reply are queued and handled afterwards, in order. Regions
 //! may be offered for `mmap` (a descriptor and sparse areas in the region-info reply) and may
 //! carry ioeventfds (`GET_REGION_IO_FDS`).
 
@@ -38,8 +39,11 @@ use crate::proto::{
     FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET, FLAG_ERROR,
     FLAG_NO_REPLY, FLAG_TYPE_MASK, HEADER_LEN, IO_FD_DATAMATCH, IO_FD_IOEVENTFD,
 };
+use crate::server_checks::{irq_set_data, same_memory};
 use vfio_bindings::bindings::vfio as uapi;
 
+/// The highest protocol minor version this server speaks (major 0).
+pub const MINOR_VERSION: u16 = 2;
 /// Largest message the server accepts (header included).
 pub const MAX_MSG_SIZE: u32 = (1 << 20) + 64;
 /// Largest data transfer (REGION_READ/WRITE, MIG_DATA_READ/WRITE) the server accepts.
@@ -121,7 +125,8 @@ pub trait UserDevice {
     ) -> Result<(), Errno>;
     /// DEVICE_RESET.
     fn reset(&mut self) -> Result<(), Errno>;
-    /// The client's DMA-mapped memory changed (`None`: nothing mapped).
+    /// The client's memory mapped with descriptors changed (`None`: nothing mapped): every such
+    /// region, at its DMA address. Not called for maps and unmaps without a descriptor.
     fn dma_changed(&mut self, mem: Option<&GuestMemoryMmap>);
     /// The device's migration handle, `None` when it cannot migrate.
     fn migration(&mut self) -> Option<&mut MigrationHandle<Self::Mig>>;
@@ -139,8 +144,10 @@ pub trait UserDevice {
     ) -> Result<(), Errno> {
         self.region_write(index, offset, data)
     }
-    /// Whether DMA regions mapped without a file descriptor are acceptable (reached through
-    /// [`Dma`] by messages). The default refuses them (DMA_MAP answers `ENOTSUP`).
+    /// Whether the device reaches DMA regions mapped without a file descriptor (through [`Dma`]
+    /// by messages). The default does not: such maps are still accepted (as an IOMMU accepts a
+    /// mapping; QEMU maps its ROMs so), never offered to the device, and a [`Dma`] access there
+    /// fails with `EFAULT`.
     fn remote_dma(&self) -> bool {
         false
     }
@@ -171,8 +178,12 @@ pub enum ServerError {
 struct DmaRegion {
     address: u64,
     size: u64,
-    /// `None`: mapped without a descriptor, reached by DMA_READ / DMA_WRITE.
+    /// `None`: mapped without a descriptor, reached by DMA_READ / DMA_WRITE if `remote`.
     file: Option<FileOffset>,
+    /// Without a descriptor: whether the device reaches it by messages ([`UserDevice::remote_dma`]);
+    /// if not, the map is taken (as an IOMMU takes a mapping the device never uses) and any
+    /// access to it faults.
+    remote: bool,
 }
 
 /// A message the client sent while the server waited for a reply of its own.
@@ -382,7 +393,7 @@ impl<D: UserDevice> Server<D> {
     fn version(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let mut r = Reader::new(p);
         let major = r.u16().map_err(|_| libc::EINVAL)?;
-        let _minor = r.u16().map_err(|_| libc::EINVAL)?;
+        let minor = r.u16().map_err(|_| libc::EINVAL)?;
         if major != 0 {
             return Err(libc::ENOTSUP);
         }
@@ -395,8 +406,10 @@ impl<D: UserDevice> Server<D> {
         );
         self.negotiated = true;
         let mut v = Vec::new();
+        // The reply's minor may not exceed the client's (QEMU 10.2 offers 0 and refuses more);
+        // nothing this server does depends on the minor.
         v.put16(0);
-        v.put16(2);
+        v.put16(minor.min(MINOR_VERSION));
         v.extend_from_slice(json.as_bytes());
         v.push(0);
         Ok(v)
@@ -430,23 +443,27 @@ impl<D: UserDevice> Server<D> {
                 }
                 Some(FileOffset::new(f, m.offset))
             }
-            // Without a descriptor the region is reached by DMA_READ / DMA_WRITE, if the device
-            // can work that way.
-            (None, _) if self.device.remote_dma() => None,
+            // Without a descriptor the region is reached by DMA_READ / DMA_WRITE if the device
+            // can work that way; otherwise the map is taken and left unused (QEMU maps its ROMs,
+            // which no memory backend holds, like any RAM section).
             (None, _) => {
-                tracing::warn!(
-                    address = format_args!("{:#x}", m.address),
-                    "DMA_MAP without a file descriptor refused: this device needs guest RAM \
-                     shared by descriptor (QEMU: memory-backend-memfd with share=on; \
-                     cloud-hypervisor: --memory shared=on)"
-                );
-                return Err(libc::ENOTSUP);
+                if !self.device.remote_dma() {
+                    tracing::debug!(
+                        address = format_args!("{:#x}", m.address),
+                        size = format_args!("{:#x}", m.size),
+                        "DMA_MAP without a file descriptor: accepted, not used by this device \
+                         (guest RAM it must reach has to be shared by descriptor: QEMU \
+                         memory-backend-memfd with share=on; cloud-hypervisor --memory shared=on)"
+                    );
+                }
+                None
             }
             (Some(_), false) => return Err(libc::EINVAL),
         };
         self.dma.push(DmaRegion {
             address: m.address,
             size: m.size,
+            remote: file.is_none() && self.device.remote_dma(),
             file,
         });
         self.remap().inspect_err(|_| {
@@ -480,16 +497,24 @@ impl<D: UserDevice> Server<D> {
                     let size = usize::try_from(r.size).map_err(|_| libc::EINVAL)?;
                     local.push((GuestAddress(r.address), size, Some(f.clone())));
                 }
-                None => remote.push((r.address, r.size)),
+                None if r.remote => remote.push((r.address, r.size)),
+                None => {}
             }
         }
-        let mem = if local.is_empty() {
-            None
-        } else {
-            Some(GuestMemoryMmap::from_ranges_with_files(local).map_err(|_| libc::EINVAL)?)
-        };
-        self.mem = mem;
-        self.device.dma_changed(self.mem.as_ref());
+        // The device hears of its memory only when the descriptor-backed part changed (a map
+        // or unmap without a descriptor leaves it as it was).
+        if !same_memory(self.mem.as_ref(), &local) {
+            tracing::debug!(
+                sections = ?local.iter().map(|(a, n, _)| (a.0, *n)).collect::<Vec<_>>(),
+                "guest memory shared by descriptor changed"
+            );
+            self.mem = if local.is_empty() {
+                None
+            } else {
+                Some(GuestMemoryMmap::from_ranges_with_files(local).map_err(|_| libc::EINVAL)?)
+            };
+            self.device.dma_changed(self.mem.as_ref());
+        }
         self.device.remote_dma_changed(&remote);
         Ok(())
     }
@@ -611,12 +636,18 @@ impl<D: UserDevice> Server<D> {
         if argsz < 16 {
             return Err(libc::EINVAL);
         }
-        // Indices below num_irqs always answer (an absent one has count 0, as in the kernel).
+        // Indices below num_irqs answer (an absent one has count 0, as in the kernel), except an
+        // absent error-reporting IRQ, which vfio-pci refuses for a function without PCI Express
+        // (QEMU then sets up no AER and warns of nothing).
         let (_, _, irqs) = self.device.device_info();
         if index >= irqs {
             return Err(libc::EINVAL);
         }
-        let (flags, count) = self.device.irq_info(index).unwrap_or((0, 0));
+        let info = self.device.irq_info(index);
+        if info.is_none() && index == uapi::VFIO_PCI_ERR_IRQ_INDEX {
+            return Err(libc::EINVAL);
+        }
+        let (flags, count) = info.unwrap_or((0, 0));
         let mut v = Vec::new();
         v.put32(16);
         v.put32(flags);
@@ -636,17 +667,17 @@ impl<D: UserDevice> Server<D> {
             field(&mut r)?,
         );
         let (_, total) = self.device.irq_info(index).ok_or(libc::EINVAL)?;
-        if start.checked_add(count).is_none_or(|e| e > total) {
-            return Err(libc::EINVAL);
+        let data = irq_set_data(flags, (start, count, total), r.rest(), fds.len())?;
+        match data {
+            // Booleans: the action for each vector whose boolean is set, one at a time.
+            Some(bools) => {
+                let none = (flags & !uapi::VFIO_IRQ_SET_DATA_BOOL) | uapi::VFIO_IRQ_SET_DATA_NONE;
+                for (i, _) in (start..).zip(bools).filter(|(_, &b)| b != 0) {
+                    self.device.set_irqs(index, none, i, 1, Vec::new())?;
+                }
+            }
+            None => self.device.set_irqs(index, flags, start, count, fds)?,
         }
-        const DATA_EVENTFD: u32 = 1 << 2;
-        if flags & DATA_EVENTFD != 0 && fds.len() != count as usize {
-            return Err(libc::EINVAL);
-        }
-        if flags & DATA_EVENTFD == 0 && !fds.is_empty() {
-            return Err(libc::EINVAL);
-        }
-        self.device.set_irqs(index, flags, start, count, fds)?;
         Ok(Vec::new())
     }
 
@@ -738,11 +769,12 @@ impl<D: UserDevice> Server<D> {
         if (f.argsz as usize) < Feature::LEN + data.len().max(reply_data) {
             return Err(libc::EINVAL);
         }
-        // DMA_LOGGING_START with no ranges logs every mapped region (listed before the device
-        // is borrowed).
+        // DMA_LOGGING_START with no ranges logs every mapped region the device can reach
+        // (listed before the device is borrowed).
         let mapped: Vec<IovaRange> = if f.index() == FEATURE_DMA_LOGGING_START {
             self.dma
                 .iter()
+                .filter(|r| r.file.is_some() || r.remote)
                 .map(|r| IovaRange {
                     iova: r.address,
                     length: r.size,
@@ -934,9 +966,9 @@ impl DmaPort<'_> {
     /// The region that holds `address..address+len` wholly, if one does.
     fn region(&self, address: u64, len: usize) -> Option<&DmaRegion> {
         let end = address.checked_add(len as u64)?;
-        self.dma
-            .iter()
-            .find(|r| r.address <= address && end <= r.address + r.size)
+        self.dma.iter().find(|r| {
+            (r.file.is_some() || r.remote) && r.address <= address && end <= r.address + r.size
+        })
     }
 
     /// Sends one DMA_READ / DMA_WRITE and waits for its reply; client commands that arrive

@@ -2,31 +2,33 @@
 //! BAR0 registers and GGTT, BAR2 aperture, MSI) over the client's DMA-mapped RAM, migrated through
 //! [`VmDevice`] — the same VFIO v2 device a VMM drives in process.
 //!
-//! The vGPU comes to life on the first DMA map (its guest memory *is* the client's RAM) and then
-//! stays: a client that disconnects leaves it running with its state, and the next client finds it.
-//! A resumed migration stream replaces it (pages are written into the client's RAM).
+//! The vGPU comes to life on the first DMA map with a descriptor (its guest memory *is* the
+//! client's RAM: every section mapped with a descriptor, at its IOVA as guest-physical address,
+//! followed as the client maps and unmaps) and then stays: a client that disconnects leaves it
+//! running with its state, and the next client finds it. A resumed migration stream replaces it
+//! (pages are written into the client's RAM). Maps without a descriptor (QEMU's ROMs) are taken
+//! but never used: a GPU access there is unbacked.
 
 use std::fs::File;
-use std::io::Write;
 
 use gmig_cmdparser::{Gen, VgpuSlices};
 use gmig_core::migration::{MigrationConfig, Policy, SaveSettings, VmDevice};
 use gmig_core::stream::StreamLimits;
-use gmig_vfio_migration::MigrationHandle;
+use gmig_vfio_migration::{DeviceState, MigrationHandle};
+use gmig_vgpu::checkpoint::RestoreOptions;
 use gmig_vgpu::gm::VgpuType;
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
 use gmig_vgpu::pci::{self, PciConfig};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use vm_memory::GuestMemoryMmap;
 
+use crate::irqs::Irqs;
 use crate::server::{Errno, UserDevice};
 
 /// Region indices (`linux/vfio.h`, PCI).
 const BAR0: u32 = 0;
 const BAR2: u32 = 2;
 const CONFIG: u32 = 7;
-/// IRQ index of MSI.
-const MSI: u32 = 1;
 /// `VFIO_REGION_INFO_FLAG_READ | WRITE`.
 const RW: u32 = 3;
 
@@ -92,11 +94,13 @@ pub struct VgpuBackend {
     spec: VgpuSpec,
     config: PciConfig,
     handle: Option<MigrationHandle<VmDevice<VgpuFactory>>>,
-    msi: Vec<File>,
+    irqs: Irqs,
     irqs_seen: u64,
     ticks: u64,
     steps: u64,
     accesses: u64,
+    /// Guest memory that changed during a migration, followed once the device is RUNNING.
+    pending_memory: Option<GuestMemoryMmap>,
 }
 
 /// The [`VgpuSpec::gpu_pace`] for a real guest: one workload every this many region accesses.
@@ -128,11 +132,12 @@ impl VgpuBackend {
             config: PciConfig::new(spec.gen, spec.aperture),
             spec,
             handle: None,
-            msi: Vec::new(),
+            irqs: Irqs::default(),
             irqs_seen: 0,
             ticks: 0,
             steps: 0,
             accesses: 0,
+            pending_memory: None,
         }
     }
 
@@ -151,6 +156,58 @@ impl VgpuBackend {
         self.steps
     }
 
+    /// A new vGPU on `mem` (with the guest-driver model booted, if the spec has one).
+    fn fresh_vm(&self, mem: &GuestMemoryMmap) -> Option<VgpuVm> {
+        let s = &self.spec;
+        let mut vm = match VgpuVm::on_memory(s.ty, s.slices, mem.clone()) {
+            Ok(vm) => vm.with_ram_by_vmm(s.ram_by_vmm),
+            Err(e) => {
+                tracing::warn!(%e, "no vGPU on the mapped memory");
+                return None;
+            }
+        };
+        if let Some((profile, seed)) = s.profile {
+            if let Err(e) = vm.boot_driver(profile, WorkloadConfig::small(), seed) {
+                tracing::warn!(%e, "guest-driver model did not boot");
+            }
+        }
+        Some(vm)
+    }
+
+    /// Puts the vGPU on `mem` (created there the first time), its state kept, and rebuilds its
+    /// migration handle so that a resumed stream lands in `mem` too.
+    fn follow_memory(&mut self, mem: &GuestMemoryMmap) {
+        self.pending_memory = None;
+        let vm = match self.handle.take().map(|h| h.into_device().into_vm()) {
+            Some(Some(mut vm)) => {
+                rehome(&mut vm, mem);
+                Some(vm)
+            }
+            None | Some(None) => self.fresh_vm(mem),
+        };
+        let Some(vm) = vm else {
+            return;
+        };
+        self.irqs_seen = vm.vgpu().interrupts_raised();
+        let s = &self.spec;
+        let mut factory = VgpuFactory::new(s.gen, s.ty, s.slices, 0).on_memory(mem.clone());
+        factory.ram_by_vmm = s.ram_by_vmm;
+        factory.opts.remap = s.remap;
+        match VmDevice::new(
+            Some(vm),
+            factory,
+            StreamLimits::default(),
+            settings(s.max_drain),
+        )
+        .and_then(|d| {
+            MigrationHandle::new(d)
+                .map_err(|e| gmig_vfio_migration::DeviceError::Failed(e.to_string()))
+        }) {
+            Ok(h) => self.handle = Some(h),
+            Err(e) => tracing::warn!(%e, "vGPU device"),
+        }
+    }
+
     /// One region access by the guest: with a pace, every `n`th runs one queued workload.
     fn access(&mut self) {
         let Some(n) = self.spec.gpu_pace else {
@@ -162,8 +219,8 @@ impl VgpuBackend {
         }
     }
 
-    /// Runs the work the guest queued (at most `max` workloads) and signals MSI when it raised an
-    /// interrupt.
+    /// Runs the work the guest queued (at most `max` workloads) and signals MSI (or INTx, while
+    /// MSI is off) when it raised an interrupt.
     fn run_gpu(&mut self, max: Option<usize>) {
         let Some(vm) = self.vm_mut() else {
             return;
@@ -181,11 +238,38 @@ impl VgpuBackend {
         let raised = vm.vgpu().interrupts_raised();
         if raised != self.irqs_seen {
             self.irqs_seen = raised;
-            if self.config.msi().is_some() {
-                if let Some(f) = self.msi.first_mut() {
-                    let _ = f.write_all(&1u64.to_le_bytes());
-                }
-            }
+            let intx = self.config.command() & pci::CMD_INTX_DISABLE == 0;
+            self.irqs.raise(self.config.msi().is_some(), intx);
+        }
+    }
+}
+
+/// A config-space access of `len` bytes at `offset` as the naturally aligned 4-, 2- and 1-byte
+/// accesses a PCI function answers (QEMU reads the whole space at once; vfio-pci splits such
+/// reads the same way): `(offset, range in the caller's buffer)`.
+fn config_accesses(offset: u64, len: usize) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        let left = len - done;
+        let at = offset + done as u64;
+        let n = [4, 2, 1]
+            .into_iter()
+            .find(|&n| left >= n && at.is_multiple_of(n as u64))?;
+        done += n;
+        Some((at, done - n..done))
+    })
+}
+
+/// Moves `vm`'s vGPU onto guest memory `mem`, its state kept: saved and restored in place (same
+/// slices, so nothing is rebased). Only while no migration runs: a checkpoint leaves out the
+/// pre-copy's GGTT and write logs. The interrupt count restarts (the caller resets what it saw).
+fn rehome(vm: &mut VgpuVm, mem: &GuestMemoryMmap) {
+    let v = vm.vgpu();
+    let opts = RestoreOptions { remap: true };
+    match gmig_vgpu::Vgpu::restore(&v.save(), mem.clone(), v.host_slices(), opts) {
+        Ok(moved) => *vm.vgpu_mut() = moved,
+        Err(e) => {
+            tracing::error!(%e, "the vGPU cannot follow the new guest memory; it keeps the old");
         }
     }
 }
@@ -209,7 +293,11 @@ impl UserDevice for VgpuBackend {
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
         self.access();
         match index {
-            CONFIG => self.config.read(offset, data),
+            CONFIG => {
+                for (at, range) in config_accesses(offset, data.len()) {
+                    self.config.read(at, &mut data[range]);
+                }
+            }
             BAR0 | BAR2 => {
                 let vm = self.vm().ok_or(libc::EIO)?;
                 if index == BAR0 {
@@ -226,7 +314,11 @@ impl UserDevice for VgpuBackend {
     fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> Result<(), Errno> {
         self.access();
         match index {
-            CONFIG => self.config.write(offset, data),
+            CONFIG => {
+                for (at, range) in config_accesses(offset, data.len()) {
+                    self.config.write(at, &data[range]);
+                }
+            }
             BAR0 => {
                 let vm = self.vm_mut().ok_or(libc::EIO)?;
                 pci::bar0_write(vm.vgpu_mut(), offset, data);
@@ -244,62 +336,46 @@ impl UserDevice for VgpuBackend {
     }
 
     fn irq_info(&self, index: u32) -> Option<(u32, u32)> {
-        // VFIO_IRQ_INFO_EVENTFD; INTx is not offered (MSI only).
-        (index == MSI).then_some((1, 1))
+        Irqs::info(index)
     }
 
     fn set_irqs(
         &mut self,
         index: u32,
-        _flags: u32,
+        flags: u32,
         _start: u32,
-        _count: u32,
+        count: u32,
         fds: Vec<File>,
     ) -> Result<(), Errno> {
-        if index != MSI {
-            return Err(libc::EINVAL);
-        }
-        self.msi = fds;
-        Ok(())
+        self.irqs.set(index, flags, count, fds)
     }
 
     fn reset(&mut self) -> Result<(), Errno> {
         // A function-level reset: PCI state back to power-on; the vGPU's guest memory stays.
         self.config = PciConfig::new(self.spec.gen, self.spec.aperture);
-        self.msi.clear();
+        self.irqs = Irqs::default();
         Ok(())
     }
 
+    /// The vGPU is created on the first memory mapped and then follows every change: the guest
+    /// memory it (and an incoming migration stream) uses is always everything the client mapped
+    /// with a descriptor, IOVA = guest-physical address. With nothing mapped any more (the
+    /// client unmapped it all, or left) it keeps what it had until the next map. During a
+    /// migration the change waits for the device to be RUNNING again: the migration's bookkeeping
+    /// (the frames it hashed, the GGTT it sent) holds for the memory it began with.
     fn dma_changed(&mut self, mem: Option<&GuestMemoryMmap>) {
-        let (Some(mem), None) = (mem, &self.handle) else {
+        let Some(mem) = mem else {
             return;
         };
-        let s = &self.spec;
-        let vm = match VgpuVm::on_memory(s.ty, s.slices, mem.clone())
-            .map(|vm| vm.with_ram_by_vmm(s.ram_by_vmm))
-        {
-            Ok(mut vm) => {
-                if let Some((profile, seed)) = s.profile {
-                    if let Err(e) = vm.boot_driver(profile, WorkloadConfig::small(), seed) {
-                        tracing::warn!(%e, "guest-driver model did not boot");
-                    }
-                }
-                vm
+        match &self.handle {
+            Some(h) if h.state() != DeviceState::Running => {
+                tracing::warn!(
+                    state = ?h.state(),
+                    "guest memory changed during a migration: followed once it ends"
+                );
+                self.pending_memory = Some(mem.clone());
             }
-            Err(e) => {
-                tracing::warn!(%e, "no vGPU on the mapped memory");
-                return;
-            }
-        };
-        let mut factory = VgpuFactory::new(s.gen, s.ty, s.slices, 0).on_memory(mem.clone());
-        factory.ram_by_vmm = s.ram_by_vmm;
-        factory.opts.remap = s.remap;
-        match VmDevice::new(Some(vm), factory, StreamLimits::default(), settings(s.max_drain)).and_then(|d| {
-            MigrationHandle::new(d)
-                .map_err(|e| gmig_vfio_migration::DeviceError::Failed(e.to_string()))
-        }) {
-            Ok(h) => self.handle = Some(h),
-            Err(e) => tracing::warn!(%e, "vGPU device"),
+            _ => self.follow_memory(mem),
         }
     }
 
@@ -308,6 +384,12 @@ impl UserDevice for VgpuBackend {
     }
 
     fn tick(&mut self) {
+        let running = |h: &MigrationHandle<_>| h.state() == DeviceState::Running;
+        if self.pending_memory.is_some() && self.handle.as_ref().is_none_or(running) {
+            if let Some(mem) = self.pending_memory.take() {
+                self.follow_memory(&mem);
+            }
+        }
         self.ticks += 1;
         if self.spec.profile.is_none() || !self.ticks.is_multiple_of(MESSAGES_PER_STEP) {
             return;

@@ -539,14 +539,31 @@ fn dma_without_a_descriptor_goes_by_dma_read_and_write_messages() {
 }
 
 #[test]
-fn a_device_that_needs_descriptors_refuses_a_map_without_one() {
+fn a_device_that_needs_descriptors_takes_a_map_without_one_and_never_uses_it() {
     let mut dev = TestDevice::new(8);
     dev.accept_remote = false;
     let (path, server, _dir) = spawn_device(dev, 1);
     let mut c = Client::connect(&path).unwrap();
-    assert_eq!(refused(c.dma_map_local(DMA_BASE, 0x1000)), libc::ENOTSUP);
+    // As an IOMMU takes a mapping the device never uses (QEMU maps its ROMs so): accepted, and
+    // the device's DMA there faults without a message to the client.
+    c.dma_map_local(DMA_BASE, 0x4000).unwrap();
+    assert_eq!(
+        refused(c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0])),
+        libc::EFAULT
+    );
+    assert_eq!(
+        refused(c.region_write(BAR0, REG_COPY, &DMA_BASE.to_le_bytes())),
+        libc::EFAULT
+    );
+    assert_eq!(c.dma_requests_served(), 0);
+    assert_eq!(c.local_memory(DMA_TARGET, 4).unwrap(), [0; 4]);
+    // Overlaps are still refused, and the unmap is taken.
+    assert_eq!(refused(c.dma_map_local(DMA_BASE, 0x1000)), libc::EEXIST);
+    c.dma_unmap(DMA_BASE, 0x4000).unwrap();
     drop(c);
-    assert!(server.join().unwrap().remote.is_empty());
+    let dev = server.join().unwrap();
+    assert!(dev.remote.is_empty(), "never offered as remote memory");
+    assert!(dev.mem.is_none());
 }
 
 fn send_raw(s: &mut UnixStream, id: u16, c: Command, flags: u32, error: u32, p: &[u8]) {
