@@ -20,6 +20,7 @@ use std::thread;
 use gmig_core::transport::{Connection, Endpoint};
 
 pub mod fuzz;
+pub mod qemu;
 
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
 use gmig_vgpu::gtt::new_guest_ram;

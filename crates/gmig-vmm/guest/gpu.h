@@ -51,30 +51,39 @@ struct gpu_params {
 /* ---- device access (BAR0 is mapped at the CPU address `bar0`) ---- */
 /* Device accesses are also compiler barriers: RAM the GPU will read is written before them. */
 #define barrier() __asm__ volatile("" ::: "memory")
+/* BAR0 accesses made so far (each is one trap to the VMM: a KVM exit or a vfio-user round trip). */
+extern u64 mmio_accesses;
 static inline u32 rd32(u64 a) {
+    mmio_accesses++;
     barrier();
     u32 v = *(volatile u32 *)a;
     barrier();
     return v;
 }
 static inline u64 rd64(u64 a) {
+    mmio_accesses++;
     barrier();
     u64 v = *(volatile u64 *)a;
     barrier();
     return v;
 }
 static inline void wr32(u64 a, u32 v) {
+    mmio_accesses++;
     barrier();
     *(volatile u32 *)a = v;
     barrier();
 }
 static inline void wr64(u64 a, u64 v) {
+    mmio_accesses++;
     barrier();
     *(volatile u64 *)a = v;
     barrier();
 }
 
 /* ---- the core (gpu.c) ---- */
+/* When the frames started and ended (plat_now) and the BAR0 accesses by then: for a platform
+   that reports rates (the Linux program); nothing is printed from them here. */
+extern u64 frames_t0, frames_t1, frames_mmio0, frames_mmio1;
 /* CPU address of BAR0 (registers; GGTT at +0x800000): set by plat_find_gpu. */
 extern u64 bar0;
 /* Runs the driver: banner, plat_find_gpu, PV info, context, frames, checksum. `tel` is where it
