@@ -14,7 +14,7 @@ use std::io::Write;
 
 use vfio_bindings::bindings::vfio as uapi;
 
-use crate::server::Errno;
+use crate::proto::Errno;
 
 /// IRQ index of INTx.
 pub(crate) const INTX: u32 = 0;

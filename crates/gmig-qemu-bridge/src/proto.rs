@@ -4,6 +4,9 @@
 //! `docs/interop/vfio-user.rst`) and the kernel VFIO uAPI it borrows from; all integers are
 //! little-endian.
 
+/// An errno for an error reply (the header's `errno` field with `FLAG_ERROR`).
+pub type Errno = i32;
+
 /// Size of the message header.
 pub const HEADER_LEN: usize = 16;
 /// Header flags: message type mask (bits 0–3).

@@ -94,8 +94,7 @@ pub struct IoEventFd<'a> {
     pub file: &'a File,
 }
 
-/// An errno for an error reply.
-pub type Errno = i32;
+pub use crate::proto::Errno;
 
 /// What the server needs from the device it serves. Regions and IRQs are numbered as in
 /// `linux/vfio.h` for PCI (BAR0–5 = 0–5, ROM 6, config space 7; INTx 0, MSI 1, MSI-X 2).
@@ -872,7 +871,7 @@ impl<D: UserDevice> Server<D> {
 
     fn mig_read(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let (m, rest) = MigData::parse(p).map_err(|_| libc::EINVAL)?;
-        if !rest.is_empty() || m.argsz as usize != MigData::LEN {
+        if !rest.is_empty() || (m.argsz as usize) < MigData::LEN {
             return Err(libc::EINVAL);
         }
         if m.size > MAX_DATA_XFER {

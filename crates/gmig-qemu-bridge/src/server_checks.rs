@@ -5,7 +5,7 @@
 use vfio_bindings::bindings::vfio as uapi;
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
-use crate::server::Errno;
+use crate::proto::Errno;
 
 /// Checks a SET_IRQS request (`linux/vfio.h` rules: one data type, one action, vectors within the
 /// `total` the index has — except `start` = `count` = 0 with DATA_NONE, which acts on them all —
