@@ -1,33 +1,15 @@
-//! A whole capture read into memory, its submissions, walks and remaps.
+//! Reading, writing and migrating a whole capture: the methods of [`AubCapture`] (the type is in
+//! `model`).
 
 use std::collections::BTreeMap;
 
 use super::consts::{ctx, mmio_base, reg, DESCRIPTOR_LRCA_MASK, PAGE, PAGE_SIZE};
 use super::error::{AubError, AubSpace, Result};
-use super::image::MemoryImage;
-use super::reader::{AubReader, ReadLimits};
-use super::submission::{submission_from_image, CaptureMemoryMut, RingState, Submission};
+use super::model::{AubCapture, ReadLimits};
+use super::reader::AubReader;
+use super::submission::{submission_from_image, CaptureMemoryMut, RingState};
 use super::writer::AubWriter;
-use crate::{remap_walk, Budget, Engine, Gen, GgttOffset, RemapStats, SliceMove};
-
-// ------------------------------------------------------------------------------------------------
-// Capture
-// ------------------------------------------------------------------------------------------------
-
-/// What a capture leaves: the generation, memory, registers and submissions.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AubCapture {
-    /// Generation named by the version packet (None when absent or unknown).
-    pub gen: Option<Gen>,
-    /// Application name of the version packet.
-    pub app_name: String,
-    /// GGTT entries and physical pages.
-    pub memory: MemoryImage,
-    /// Last value written to every register other than the execlist ports.
-    pub registers: BTreeMap<u32, u32>,
-    /// Submissions, in order.
-    pub submissions: Vec<Submission>,
-}
+use crate::{remap_walk, Budget, Engine, GgttOffset, RemapStats, SliceMove};
 
 impl AubCapture {
     /// Read a whole capture with the default limits.

@@ -59,6 +59,7 @@ mod error;
 pub mod fixture;
 mod image;
 pub mod listing;
+mod model;
 mod reader;
 mod submission;
 mod writer;
@@ -66,13 +67,13 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
-pub use capture::AubCapture;
 pub use consts::{
     device_id, gen_of_device, mmio_base, reg, subop, ADDRESS_LIMIT, DESCRIPTOR_FLAGS,
     DESCRIPTOR_LRCA_MASK, GGTT_ENTRIES, PAGE_SIZE,
 };
 pub use error::{AubError, AubSpace, MemFault, Result};
 pub use image::{bytes_of, dwords_of, MemoryImage};
-pub use reader::{AubEvent, AubReader, ReadLimits};
+pub use model::{AubCapture, ReadLimits};
+pub use reader::{AubEvent, AubReader};
 pub use submission::{CaptureMemory, CaptureMemoryMut, RingState, Submission};
 pub use writer::{AubWriter, CaptureBuilder, RingSpec};

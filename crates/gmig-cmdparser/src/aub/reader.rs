@@ -1,40 +1,18 @@
 //! Reading AUB packets into events.
 
-use super::capture::AubCapture;
 use super::consts::{
     engine_index, gen_of_device, reg, subop, ADDRESS_MASK, ENGINE_BASES, GGTT_ENTRIES,
     OPCODE_LEGACY, OPCODE_MEM_TRACE, PAGE_SIZE, TYPE_AUB,
 };
 use super::error::{AubError, AubSpace, MemFault, Result};
 use super::image::{dwords_of, MemoryImage};
+use super::model::{AubCapture, ReadLimits};
 use super::submission::{submission_from_image, Submission};
 use crate::{Engine, Gen, GgttOffset};
 
 // ------------------------------------------------------------------------------------------------
 // Reader
 // ------------------------------------------------------------------------------------------------
-
-/// Bounds on what a reader may build from untrusted input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadLimits {
-    /// Most physical pages the memory image may hold.
-    pub max_pages: u64,
-    /// Most submissions.
-    pub max_submissions: usize,
-    /// Most distinct registers remembered.
-    pub max_registers: usize,
-}
-
-impl Default for ReadLimits {
-    /// 64 Ki pages (256 MiB), 64 Ki submissions, 64 Ki registers.
-    fn default() -> Self {
-        Self {
-            max_pages: 1 << 16,
-            max_submissions: 1 << 16,
-            max_registers: 1 << 16,
-        }
-    }
-}
 
 /// One packet's effect, in file order.
 #[derive(Clone, Debug, PartialEq, Eq)]

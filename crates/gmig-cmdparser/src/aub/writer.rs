@@ -1,6 +1,5 @@
 //! Writing AUB files, and building captures from rings and batches.
 
-use super::capture::AubCapture;
 use super::consts::{
     ctx, device_id, mmio_base, reg, subop, DESCRIPTOR_FLAGS, DESCRIPTOR_LRCA_MASK, GGTT_ENTRIES,
     OPCODE_MEM_TRACE, PAGE, PAGE_SIZE, PTE_ADDRESS_MASK, PTE_PRESENT, REGISTER_SIZE_DWORD,
@@ -8,7 +7,7 @@ use super::consts::{
 };
 use super::error::{AubSpace, MemFault, Result};
 use super::image::{bytes_of, check_range, MemoryImage};
-use super::reader::ReadLimits;
+use super::model::{AubCapture, ReadLimits};
 use super::submission::{submission_from_image, Submission};
 use crate::{Engine, Gen, GgttOffset};
 
