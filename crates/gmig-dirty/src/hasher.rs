@@ -106,7 +106,7 @@ const TASKS_PER_THREAD: usize = 4;
 const MIN_TASK_PAGES: u64 = 256;
 /// Default prefetch distance in pages (see [`HasherOptions::prefetch_pages`]) for this CPU.
 ///
-/// Measured (docs/performance.md): on Intel Xeon cores, prefetching the next page raises hashing
+/// Measured (docs/performance-history.md): on Intel Xeon cores, prefetching the next page raises hashing
 /// from 0.52–0.65 to 0.85–0.98 of read bandwidth, because the hardware streamer restarts at each
 /// 4 KiB page; on AMD Zen 4 the hardware prefetchers already cover page crossings and the software
 /// prefetch costs 20–45%. So: 0 on AMD, 1 elsewhere.

@@ -257,7 +257,7 @@ impl MigrationConfig {
 /// The engine's default leaves one core: the source's thread that reads and sends the pages the
 /// downtime re-hash finds runs beside the hash, and with every core hashing it waits for a core,
 /// so the stop-copy pages trail the hash instead of overlapping it (measured on 16 cores:
-/// full-hash one-shot downtime 24–26% shorter with two cores left, see docs/performance.md). On
+/// full-hash one-shot downtime 24–26% shorter with two cores left, see docs/performance-history.md). On
 /// two or three cores a hashing thread less costs more than the sender gains.
 pub fn hash_threads_leaving(reserved: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
