@@ -1,0 +1,69 @@
+//! `VFIO_USER_DEVICE_FEATURE`: the feature flags and indices, the layouts of the migration and DMA
+//! logging features, and the message's fixed part ([`Feature`]).
+
+use super::codec::{then_data, wire_struct, with_rest, Field, ProtoError, Reader};
+
+/// `VFIO_DEVICE_FEATURE` flags: feature index mask.
+pub const FEATURE_MASK: u32 = 0xffff;
+/// `VFIO_DEVICE_FEATURE_GET`.
+pub const FEATURE_GET: u32 = 1 << 16;
+/// `VFIO_DEVICE_FEATURE_SET`.
+pub const FEATURE_SET: u32 = 1 << 17;
+/// `VFIO_DEVICE_FEATURE_PROBE`.
+pub const FEATURE_PROBE: u32 = 1 << 18;
+/// `VFIO_DEVICE_FEATURE_MIGRATION`: `u64 flags` (STOP_COPY 1, P2P 2, PRE_COPY 4).
+pub const FEATURE_MIGRATION: u32 = 1;
+/// `VFIO_DEVICE_FEATURE_MIG_DEVICE_STATE`: `u32 device_state, s32 data_fd`.
+pub const FEATURE_MIG_DEVICE_STATE: u32 = 2;
+/// `VFIO_DEVICE_FEATURE_DMA_LOGGING_START`.
+pub const FEATURE_DMA_LOGGING_START: u32 = 6;
+/// `VFIO_DEVICE_FEATURE_DMA_LOGGING_STOP`.
+pub const FEATURE_DMA_LOGGING_STOP: u32 = 7;
+/// `VFIO_DEVICE_FEATURE_DMA_LOGGING_REPORT`.
+pub const FEATURE_DMA_LOGGING_REPORT: u32 = 8;
+/// Bytes before the ranges of a DMA_LOGGING_START/STOP request (`page_size`, `num_ranges`,
+/// reserved) and before the bitmap of a DMA_LOGGING_REPORT (`iova`, `length`, `page_size`).
+pub const DMA_LOGGING_CONTROL_LEN: usize = 16;
+/// See [`DMA_LOGGING_CONTROL_LEN`].
+pub const DMA_LOGGING_REPORT_LEN: usize = 24;
+/// `VFIO_DEVICE_FEATURE_MIG_DATA_SIZE`: `u64 stop_copy_length`.
+pub const FEATURE_MIG_DATA_SIZE: u32 = 9;
+
+wire_struct! {
+    /// `VFIO_USER_DEVICE_FEATURE` fixed part (`struct vfio_device_feature`: `argsz`, `flags`),
+    /// followed by the feature's data.
+    Feature, 8, {
+        /// `argsz`: the fixed part plus the data.
+        argsz: u32,
+        /// Feature index (low 16 bits) and GET / SET / PROBE.
+        flags: u32,
+    }
+}
+
+impl Feature {
+    /// Decodes the fixed part; returns it and the data after it.
+    pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
+        with_rest(p, Self::read_fields)
+    }
+
+    /// Encodes the fixed part followed by `data`, with `argsz` covering both.
+    pub fn to_bytes(flags: u32, data: &[u8]) -> Vec<u8> {
+        let f = Feature {
+            argsz: (Self::LEN + data.len()) as u32,
+            flags,
+        };
+        then_data(Self::LEN, |v| f.put_fields(v), data)
+    }
+
+    /// Encodes the fixed part followed by `data`, with `argsz` (the room for the reply) given:
+    /// a GET whose reply is longer than its request (DMA_LOGGING_REPORT) says so here.
+    pub fn to_bytes_with_argsz(argsz: u32, flags: u32, data: &[u8]) -> Vec<u8> {
+        let f = Feature { argsz, flags };
+        then_data(Self::LEN, |v| f.put_fields(v), data)
+    }
+
+    /// The feature index.
+    pub fn index(self) -> u32 {
+        self.flags & FEATURE_MASK
+    }
+}

@@ -1,0 +1,118 @@
+//! DMA map bookkeeping: DMA_MAP and DMA_UNMAP, and the client's memory remapped into `vm-memory`
+//! when its descriptor-backed part changes.
+
+use std::fs::File;
+
+use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
+
+use super::device::UserDevice;
+use super::state::{DmaRegion, Server};
+use super::MAX_DMA_REGIONS;
+use crate::proto::{DmaMap, DmaUnmap, Errno};
+use crate::server_checks::same_memory;
+
+impl<D: UserDevice> Server<D> {
+    pub(super) fn dma_map(&mut self, p: &[u8], mut fds: Vec<File>) -> Result<Vec<u8>, Errno> {
+        let m = DmaMap::parse(p).map_err(|_| libc::EINVAL)?;
+        if m.argsz as usize != DmaMap::LEN || m.size == 0 || m.size % 4096 != 0 {
+            return Err(libc::EINVAL);
+        }
+        let end = m.address.checked_add(m.size).ok_or(libc::EINVAL)?;
+        if m.address % 4096 != 0 {
+            return Err(libc::EINVAL);
+        }
+        // The specification: a map over an existing one fails with EEXIST.
+        if self
+            .dma
+            .iter()
+            .any(|r| m.address < r.address + r.size && r.address < end)
+        {
+            return Err(libc::EEXIST);
+        }
+        if self.dma.len() >= MAX_DMA_REGIONS {
+            return Err(libc::ENOSPC);
+        }
+        let file = match (fds.pop(), fds.is_empty()) {
+            (Some(f), true) => {
+                let len = f.metadata().map_err(|_| libc::EINVAL)?.len();
+                if m.offset.checked_add(m.size).is_none_or(|e| e > len) {
+                    return Err(libc::EINVAL);
+                }
+                Some(FileOffset::new(f, m.offset))
+            }
+            // Without a descriptor the region is reached by DMA_READ / DMA_WRITE if the device
+            // can work that way; otherwise the map is taken and left unused (QEMU maps its ROMs,
+            // which no memory backend holds, like any RAM section).
+            (None, _) => {
+                if !self.device.remote_dma() {
+                    tracing::debug!(
+                        address = format_args!("{:#x}", m.address),
+                        size = format_args!("{:#x}", m.size),
+                        "DMA_MAP without a file descriptor: accepted, not used by this device \
+                         (guest RAM it must reach has to be shared by descriptor: QEMU \
+                         memory-backend-memfd with share=on; cloud-hypervisor --memory shared=on)"
+                    );
+                }
+                None
+            }
+            (Some(_), false) => return Err(libc::EINVAL),
+        };
+        self.dma.push(DmaRegion {
+            address: m.address,
+            size: m.size,
+            remote: file.is_none() && self.device.remote_dma(),
+            file,
+        });
+        self.remap().inspect_err(|_| {
+            self.dma.pop();
+        })?;
+        Ok(Vec::new())
+    }
+
+    pub(super) fn dma_unmap(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
+        let u = DmaUnmap::parse(p).map_err(|_| libc::EINVAL)?;
+        if u.flags != 0 {
+            return Err(libc::ENOTSUP);
+        }
+        let i = self
+            .dma
+            .iter()
+            .position(|r| r.address == u.address && r.size == u.size)
+            .ok_or(libc::EINVAL)?;
+        self.dma.remove(i);
+        self.remap()?;
+        Ok(u.to_bytes())
+    }
+
+    fn remap(&mut self) -> Result<(), Errno> {
+        self.dma.sort_by_key(|r| r.address);
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for r in &self.dma {
+            match &r.file {
+                Some(f) => {
+                    let size = usize::try_from(r.size).map_err(|_| libc::EINVAL)?;
+                    local.push((GuestAddress(r.address), size, Some(f.clone())));
+                }
+                None if r.remote => remote.push((r.address, r.size)),
+                None => {}
+            }
+        }
+        // The device hears of its memory only when the descriptor-backed part changed (a map
+        // or unmap without a descriptor leaves it as it was).
+        if !same_memory(self.mem.as_ref(), &local) {
+            tracing::debug!(
+                sections = ?local.iter().map(|(a, n, _)| (a.0, *n)).collect::<Vec<_>>(),
+                "guest memory shared by descriptor changed"
+            );
+            self.mem = if local.is_empty() {
+                None
+            } else {
+                Some(GuestMemoryMmap::from_ranges_with_files(local).map_err(|_| libc::EINVAL)?)
+            };
+            self.device.dma_changed(self.mem.as_ref());
+        }
+        self.device.remote_dma_changed(&remote);
+        Ok(())
+    }
+}
