@@ -378,11 +378,12 @@ static void frame_compute(u32 frame) {
 }
 
 /* ---- main ---- */
-u64 mmio_accesses;
-u64 frames_t0, frames_t1, frames_mmio0, frames_mmio1;
+static volatile u64 mmio_before_main;
+volatile u64 *mmio_count = &mmio_before_main;
 
 u64 gpu_main(const struct gpu_params *bp, volatile struct telemetry *t) {
     tel = t;
+    mmio_count = &tel->mmio;
     tel->magic = TELEMETRY_MAGIC;
     tel->phase = 1;
     rng_state = bp->seed | 1;
@@ -421,8 +422,8 @@ u64 gpu_main(const struct gpu_params *bp, volatile struct telemetry *t) {
         scratch_cpu = (u8 *)plat_ram(scratch_base, scratch_pages_total * PAGE, 0);
 
     tel->phase = 3;
-    frames_t0 = plat_now();
-    frames_mmio0 = mmio_accesses;
+    tel->frames_t0 = plat_now();
+    tel->frames_mmio0 = tel->mmio;
     for (u32 f = 0; f < bp->frames; f++) {
         if (bp->profile)
             frame_compute(f);
@@ -439,8 +440,8 @@ u64 gpu_main(const struct gpu_params *bp, volatile struct telemetry *t) {
         }
     }
     tel->phase = 4;
-    frames_t1 = plat_now();
-    frames_mmio1 = mmio_accesses;
+    tel->frames_t1 = plat_now();
+    tel->frames_mmio1 = tel->mmio;
     con_puts("checksum ");
     con_puthex(checksum);
     con_puts(" frames ");

@@ -31,6 +31,13 @@ struct telemetry {
     u64 frames_done;
     u64 phase; /* 1: PCI, 2: GGTT setup, 3: frames, 4: done */
     u64 spins; /* polls of the current wait: how many depends on when the GPU ran */
+    /* Rates for a platform that reports them (the Linux program); like spins and the TSC they
+       differ from run to run, so they live here, outside what two runs must agree on. */
+    u64 mmio;            /* BAR0 accesses so far (each one trap to the VMM) */
+    u64 frames_t0;       /* plat_now() when the frames started, and when they ended */
+    u64 frames_t1;
+    u64 frames_mmio0;    /* mmio then */
+    u64 frames_mmio1;
 };
 
 /* What the driver does (the freestanding guest's boot parameters). */
@@ -51,39 +58,36 @@ struct gpu_params {
 /* ---- device access (BAR0 is mapped at the CPU address `bar0`) ---- */
 /* Device accesses are also compiler barriers: RAM the GPU will read is written before them. */
 #define barrier() __asm__ volatile("" ::: "memory")
-/* BAR0 accesses made so far (each is one trap to the VMM: a KVM exit or a vfio-user round trip). */
-extern u64 mmio_accesses;
+/* Where BAR0 accesses are counted: the telemetry's `mmio` once gpu_main runs. */
+extern volatile u64 *mmio_count;
 static inline u32 rd32(u64 a) {
-    mmio_accesses++;
+    (*mmio_count)++;
     barrier();
     u32 v = *(volatile u32 *)a;
     barrier();
     return v;
 }
 static inline u64 rd64(u64 a) {
-    mmio_accesses++;
+    (*mmio_count)++;
     barrier();
     u64 v = *(volatile u64 *)a;
     barrier();
     return v;
 }
 static inline void wr32(u64 a, u32 v) {
-    mmio_accesses++;
+    (*mmio_count)++;
     barrier();
     *(volatile u32 *)a = v;
     barrier();
 }
 static inline void wr64(u64 a, u64 v) {
-    mmio_accesses++;
+    (*mmio_count)++;
     barrier();
     *(volatile u64 *)a = v;
     barrier();
 }
 
 /* ---- the core (gpu.c) ---- */
-/* When the frames started and ended (plat_now) and the BAR0 accesses by then: for a platform
-   that reports rates (the Linux program); nothing is printed from them here. */
-extern u64 frames_t0, frames_t1, frames_mmio0, frames_mmio1;
 /* CPU address of BAR0 (registers; GGTT at +0x800000): set by plat_find_gpu. */
 extern u64 bar0;
 /* Runs the driver: banner, plat_find_gpu, PV info, context, frames, checksum. `tel` is where it

@@ -331,9 +331,9 @@ int main(int argc, char **argv) {
     u64 failures = gpu_main(&p, &tel);
     /* Rates, on a "tsc" line like the other timing (comparisons of output leave those out):
        CLOCK_MONOTONIC counts from the guest kernel's boot. */
-    u64 ns = frames_t1 - frames_t0, mmio = frames_mmio1 - frames_mmio0;
+    u64 ns = tel.frames_t1 - tel.frames_t0, mmio = tel.frames_mmio1 - tel.frames_mmio0;
     printf("tsc first-frame-after-boot-ms %llu frames-per-s %llu mmio-per-frame %llu ns-per-mmio %llu\n",
-           frames_t0 / 1000000, ns ? (u64)p.frames * 1000000000ULL / ns : 0,
+           tel.frames_t0 / 1000000, ns ? (u64)p.frames * 1000000000ULL / ns : 0,
            p.frames ? mmio / p.frames : 0, mmio ? ns / mmio : 0);
     fflush(stdout);
     return failures ? 1 : 0;

@@ -80,6 +80,26 @@ fn finishes_as(base: &Machine, m: &mut Machine) -> bool {
     base.serial_results() == m.serial_results() && differing_pages(&ram(base), &ram(m)).is_empty()
 }
 
+/// The positive twin of a control: the correct migration from `point`, whose destination works,
+/// faults nothing and ends as the baseline did. Returns the source's report.
+fn positive_twin(
+    what: &str,
+    c: &GuestConfig,
+    base: &Machine,
+    point: Point,
+) -> gmig_vmm::migrate::Report {
+    let (_s, dest, rep) = migrate_at(c, point, &opts(), linked(1, true));
+    let rep = rep.expect("migration");
+    let (mut m, inc) = dest.expect("destination");
+    assert!(
+        finishes_as(base, &mut m),
+        "{what}: the correct migration differs"
+    );
+    assert_destination_worked(what, &rep, &inc, &m, None);
+    assert!(faults(&m).is_empty(), "{what}: faults: {:?}", faults(&m));
+    rep
+}
+
 #[test]
 fn without_remapping_the_destination_faults_and_the_guest_stalls() {
     if !kvm_present() {
@@ -88,17 +108,7 @@ fn without_remapping_the_destination_faults_and_the_guest_stalls() {
     let c = cfg(GuestProfile::Desktop);
     let base = baseline(&c);
     let point = Point::Frame(u64::from(c.frames) / 3, 3);
-    // Positive twin: the same migration with remapping.
-    let (_s, dest, rep) = migrate_at(&c, point, &opts(), linked(1, true));
-    let rep = rep.expect("migration");
-    let (mut m, inc) = dest.expect("destination");
-    assert!(finishes_as(&base, &mut m), "the correct migration differs");
-    assert_destination_worked("with remapping", &rep, &inc, &m, None);
-    assert!(
-        faults(&m).is_empty(),
-        "faults with remapping: {:?}",
-        faults(&m)
-    );
+    positive_twin("with remapping", &c, &base, point);
 
     // Control: the destination's vGPU (another slot) keeps the source's graphics addresses.
     let (_s, dest, rep) = migrate_at(&c, point, &opts(), linked(1, false));
@@ -135,11 +145,7 @@ fn with_kvm_dirty_log_only_the_migrated_guest_differs() {
     let point = Point::Frame(u64::from(c.frames) / 3, 3);
     // Positive twin: the same migration, correct, to show the control below is about what it
     // switches off.
-    let (_s, dest, rep) = migrate_at(&c, point, &opts(), linked(1, true));
-    let rep = rep.expect("migration");
-    let (mut m, inc) = dest.expect("destination");
-    assert!(finishes_as(&base, &mut m), "the correct migration differs");
-    assert_destination_worked("with DMA logging", &rep, &inc, &m, None);
+    let rep = positive_twin("with DMA logging", &c, &base, point);
     assert!(
         rep.rounds > 1,
         "pre-copy had no round after the first pass: nothing for the vGPU to dirty"

@@ -137,17 +137,22 @@ fn assert_served_work(
     );
 }
 
-#[test]
-fn over_vfio_user_without_remapping_the_destination_faults_and_the_guest_stalls() {
-    if !kvm_present() {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
+/// A scratch directory, the desktop guest and its unmigrated run, for the controls.
+fn desktop() -> (tempfile::TempDir, GuestConfig, Machine) {
     let c = GuestConfig {
         frames: FRAMES,
         ..GuestConfig::default()
     };
     let base = baseline(&c);
+    (tempfile::tempdir().expect("tempdir"), c, base)
+}
+
+#[test]
+fn over_vfio_user_without_remapping_the_destination_faults_and_the_guest_stalls() {
+    if !kvm_present() {
+        return;
+    }
+    let (dir, c, base) = desktop();
     let r = migrate_remote(dir.path(), "noremap", &c, &opts(), false);
     let (d, _, inc, _, dst_server) = finish(r, base.exits * 3);
     let halted = d.halted();
@@ -167,12 +172,7 @@ fn over_vfio_user_with_kvm_dirty_log_only_the_destination_differs() {
     if !kvm_present() {
         return;
     }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let c = GuestConfig {
-        frames: FRAMES,
-        ..GuestConfig::default()
-    };
-    let base = baseline(&c);
+    let (dir, c, base) = desktop();
     let no_gpu = Options {
         gpu_dirty: false,
         ..opts()
