@@ -419,7 +419,9 @@ fn send_all<S: Read + Write>(
             at_point = reached(m);
             at_point
         })?;
-        if stop == Stop::Halted || (!point_mode && rep.rounds > opts.max_rounds) {
+        // At the point the vCPU pauses at once: what the guest dirtied since the last round goes
+        // in the downtime, as when a VMM stops its vCPU while a round is in flight.
+        if stop == Stop::Halted || at_point || (!point_mode && rep.rounds > opts.max_rounds) {
             break;
         }
         let (dirty, _) = collect_dirty(m, opts.gpu_dirty)?;

@@ -15,7 +15,7 @@ pub const RAM: u64 = 64 << 20;
 /// its GPU work, so pages the vGPU writes after they were sent must be sent again).
 pub fn opts() -> gmig_vmm::migrate::Options {
     gmig_vmm::migrate::Options {
-        round_exits: 64,
+        round_exits: 16,
         ..gmig_vmm::migrate::Options::default()
     }
 }
