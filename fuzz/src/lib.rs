@@ -7,6 +7,22 @@
 //! a failed remap changes nothing; a successful one passes the destination audit and remapping
 //! back restores the input.
 
+pub mod mutate;
+
+/// Keeps freed memory in glibc's heap instead of returning it to the kernel: the `vgpu_resume`
+/// harness clones a vGPU (a GGTT table of about 900 KiB) for every input, and with glibc's
+/// defaults each clone above the trimmed heap top came back as fresh, page-faulting memory (more
+/// than half of an input's time). Under AddressSanitizer, whose allocator replaces glibc's, this
+/// does nothing.
+pub fn keep_heap() {
+    // SAFETY: mallopt only changes allocator parameters; it is called before any other thread
+    // exists (at the start of main, or in libFuzzer's init hook).
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 << 20);
+    }
+}
+
 use gmig_cmdparser::{
     audit, audit_walk, remap_in_place, remap_walk, walk, AddressSpace, BatchContext, Budget,
     Decoder, Engine, Gen, GgttOffset, PageMemory, RingSpan, Slice, SliceMove, VgpuSlices,

@@ -11,11 +11,14 @@ use gmig_core::migration::{record_stream, MigrationConfig, Policy, SaveSettings,
 use gmig_core::stream::{load, Section, StreamDecoder, StreamLimits};
 use gmig_vfio_migration::{DeviceState, MigrationHandle};
 use gmig_vgpu::compare::compare_guest_visible;
-use gmig_vgpu::gm::{VgpuSlices, VgpuType};
+use gmig_vgpu::gm::{VgpuSlices, VgpuType, PAGE_SIZE};
+use gmig_vgpu::gtt::{ram_size, GuestRam};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
-use gmig_vgpu::workload::{Profile, WorkloadConfig};
+use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
+use gmig_vgpu::Vgpu;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
-/// Guest RAM of the harnesses' vGPUs (small: one is built per input).
+/// Guest RAM of the harnesses' vGPUs (small: a stream carries all of it).
 pub const FUZZ_RAM: u64 = 4 << 20;
 const TY: VgpuType = VgpuType::V5_8;
 
@@ -144,20 +147,198 @@ pub fn seed_stream() -> Vec<u8> {
     stream
 }
 
+/// The resume harness's starting point, built once per thread: a running vGPU booted the way
+/// every input needs it, and a twin of it booted apart and taken through the stop an input's
+/// RUNNING -> RESUMING passes.
+///
+/// Every input gets its own clone of the booted vGPU and guest driver. The clones share one guest
+/// RAM, which goes back to its booted bytes before the next input: only the pages the stop's
+/// drain wrote after an input the harness verified (refused, and RAM identical to the twin's),
+/// all of it after any other (an accepted stream, or a panic). So each input starts from exactly
+/// the state a fresh boot gives, without booting.
+struct ResumeBase {
+    /// The destination slices the vGPU lives in, and the device's settings.
+    slices: VgpuSlices,
+    settings: SaveSettings,
+    /// The booted vGPU (on `ram`) and its driver, cloned for each input.
+    vgpu: Vgpu,
+    driver: GuestDriver,
+    /// The booted vGPU's guest RAM, shared by every clone, and its bytes as booted.
+    ram: GuestRam,
+    image: Vec<u8>,
+    /// The twin after the stop, on its own RAM, and that RAM's bytes: what a refused stream must
+    /// leave.
+    reference: Vgpu,
+    reference_ram: RamImage,
+    /// Byte offsets of the pages the twin's stop changed (the drained work's writes).
+    drained: Vec<usize>,
+    /// Whether `ram` may differ from `image` beyond `drained` (is not known to be the twin's).
+    ram_unknown: bool,
+}
+
+impl ResumeBase {
+    fn boot() -> ResumeBase {
+        let (_, slices) = slices();
+        let mut booted = running_vgpu(slices, 7);
+        let driver = booted
+            .take_driver()
+            .expect("the harness vGPU has a guest driver");
+        let vgpu = booted.vgpu().clone();
+        let ram = vgpu.guest_memory().clone();
+        let image = ram_bytes(&ram);
+        // RUNNING -> RESUMING passes STOP, whose bounded drain lets in-flight work finish; a
+        // failed resume must leave exactly that: the vGPU as the stop left it, running again.
+        let twin = running_vgpu(slices, 7);
+        let mut reference = twin.vgpu().clone();
+        let same = compare_guest_visible(&vgpu, &reference);
+        assert!(
+            same.is_identical(),
+            "two boots of the harness vGPU differ: {same:?}"
+        );
+        reference.pause(MAX_DRAIN);
+        reference.resume();
+        let reference_ram = RamImage::new(ram_bytes(reference.guest_memory()));
+        let page = PAGE_SIZE as usize;
+        let drained = (0..image.len())
+            .step_by(page)
+            .filter(|&at| image[at..at + page] != reference_ram.bytes[at..at + page])
+            .collect();
+        ResumeBase {
+            slices,
+            settings: settings(),
+            vgpu,
+            driver,
+            ram,
+            image,
+            reference,
+            reference_ram,
+            drained,
+            ram_unknown: false,
+        }
+    }
+
+    /// The booted vGPU, as a fresh boot gives it, for one input.
+    fn held(&mut self) -> VgpuVm {
+        if std::mem::replace(&mut self.ram_unknown, true) {
+            write_ram(&self.ram, &self.image, 0..self.image.len());
+        }
+        let mut vm =
+            VgpuVm::on_memory(TY, self.slices, self.ram.clone()).expect("the harness vGPU");
+        *vm.vgpu_mut() = self.vgpu.clone();
+        vm.attach_driver(self.driver.clone());
+        vm
+    }
+
+    /// Whether `v` is identical to the twin after the stop, checked in place (the GGTT tables and
+    /// guest RAM compared as they are, not copied): `true` only where [`compare_guest_visible`]
+    /// finds nothing (registers, GGTT, faults, every byte of guest RAM); `false` leaves the
+    /// verdict, and the report, to it.
+    fn same_as_reference(&self, v: &Vgpu) -> bool {
+        let r = &self.reference;
+        v.guest_registers() == r.guest_registers()
+            && v.guest_view() == r.guest_view()
+            && v.guest_gpu_view(None).ggtt == r.guest_gpu_view(None).ggtt
+            && v.faults() == r.faults()
+            && self.reference_ram.held_by(v.guest_memory())
+    }
+
+    /// After a refused input left `v` identical to the twin: if `v` lives on the shared RAM,
+    /// only the drained pages differ from the booted bytes.
+    fn refused_left(&mut self, v: &Vgpu) {
+        if v.guest_memory().get_host_address(GuestAddress(0)).ok()
+            != self.ram.get_host_address(GuestAddress(0)).ok()
+        {
+            return;
+        }
+        for &at in &self.drained {
+            write_ram(&self.ram, &self.image, at..at + PAGE_SIZE as usize);
+        }
+        self.ram_unknown = false;
+    }
+}
+
+fn ram_bytes(ram: &GuestRam) -> Vec<u8> {
+    let mut b = vec![0u8; usize::try_from(ram_size(ram)).expect("guest RAM size")];
+    ram.read_slice(&mut b, GuestAddress(0))
+        .expect("read the harness guest RAM");
+    b
+}
+
+/// The bytes of a guest RAM, with which of its chunks are all zero.
+struct RamImage {
+    bytes: Vec<u8>,
+    zero: Vec<bool>,
+}
+
+/// [`RamImage`]'s chunk: a zero chunk is checked against [`ZEROS`], which stays in cache, so a
+/// guest RAM that is mostly zero pages is compared reading little more than itself.
+const CHUNK: usize = 64 << 10;
+static ZEROS: [u8; CHUNK] = [0; CHUNK];
+
+impl RamImage {
+    fn new(bytes: Vec<u8>) -> RamImage {
+        let zero = bytes
+            .chunks(CHUNK)
+            .map(|c| c == &ZEROS[..c.len()])
+            .collect();
+        RamImage { bytes, zero }
+    }
+
+    /// Whether guest RAM `mem` is exactly this image (same size, same bytes), compared in place.
+    fn held_by(&self, mem: &GuestRam) -> bool {
+        let want = &self.bytes;
+        if ram_size(mem) != want.len() as u64 {
+            return false;
+        }
+        let Ok(slice) = mem.get_slice(GuestAddress(0), want.len()) else {
+            return false;
+        };
+        let guard = slice.ptr_guard();
+        // SAFETY: `guard` keeps the `want.len()` mapped bytes at `as_ptr()` alive while `got` is
+        // borrowed, and nothing writes them meanwhile: the vGPU is software, runs on this thread
+        // only, and its device is idle (no stream open, no DMA logging).
+        let got = unsafe { std::slice::from_raw_parts(guard.as_ptr(), want.len()) };
+        got.chunks(CHUNK)
+            .zip(want.chunks(CHUNK))
+            .zip(&self.zero)
+            .all(|((g, w), &zero)| g == if zero { &ZEROS[..g.len()] } else { w })
+    }
+}
+
+fn write_ram(ram: &GuestRam, image: &[u8], range: std::ops::Range<usize>) {
+    ram.write_slice(&image[range.clone()], GuestAddress(range.start as u64))
+        .expect("write the harness guest RAM");
+}
+
+thread_local! {
+    static RESUME_BASE: std::cell::RefCell<Option<ResumeBase>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Resumes `data` into a device that holds a running vGPU (RESUMING, write, STOP). Either the
 /// stream is valid and the device now holds a restored vGPU, or the resume fails and, after the
 /// VMM's recovery (reset), the device still holds the vGPU it had, identical and running.
 /// Returns whether the stream was accepted.
+///
+/// The vGPU is booted once per thread ([`ResumeBase`]); each input gets a clone of it, in the
+/// state a fresh boot gives, so an input's outcome does not depend on the inputs before it.
 pub fn vgpu_resume(data: &[u8]) -> bool {
-    let (_, d) = slices();
-    let held = running_vgpu(d, 7);
-    // RUNNING -> RESUMING passes STOP, whose bounded drain lets in-flight work finish; a failed
-    // resume must leave exactly that: the vGPU as the stop left it, running again.
-    let mut reference = held.vgpu().clone();
-    reference.pause(MAX_DRAIN);
-    reference.resume();
-    let dev =
-        VmDevice::new(Some(held), factory(d), StreamLimits::default(), settings()).expect("device");
+    RESUME_BASE.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let base = cell.get_or_insert_with(ResumeBase::boot);
+        resume_into(base, data)
+    })
+}
+
+fn resume_into(base: &mut ResumeBase, data: &[u8]) -> bool {
+    let held = base.held();
+    let dev = VmDevice::new(
+        Some(held),
+        factory(base.slices),
+        StreamLimits::default(),
+        base.settings,
+    )
+    .expect("device");
     let mut h = MigrationHandle::new(dev).expect("handle");
     let Some(id) = h
         .set_state(DeviceState::Resuming)
@@ -182,12 +363,15 @@ pub fn vgpu_resume(data: &[u8]) -> bool {
         .device()
         .vm()
         .expect("the held vGPU survives a failed resume");
-    let diff = compare_guest_visible(&reference, vm.vgpu());
-    assert!(
-        diff.is_identical(),
-        "a failed resume ({} bytes, written: {written}) changed the held vGPU: {diff:?}",
-        data.len()
-    );
+    if !base.same_as_reference(vm.vgpu()) {
+        let diff = compare_guest_visible(&base.reference, vm.vgpu());
+        assert!(
+            diff.is_identical(),
+            "a failed resume ({} bytes, written: {written}) changed the held vGPU: {diff:?}",
+            data.len()
+        );
+    }
+    base.refused_left(vm.vgpu());
     false
 }
 
@@ -456,4 +640,58 @@ pub fn vfio_user_seed() -> Vec<u8> {
         &WriteMultiEntry::request(&[w, w]),
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the inputs before it did (accepted, refused, refused after writing), each input
+    /// starts from the vGPU a fresh boot gives: registers, GGTT, faults, every byte of guest RAM
+    /// and the guest driver's frame count.
+    #[test]
+    fn every_resume_input_starts_from_a_freshly_booted_vgpu() {
+        let stream = seed_stream();
+        let mut flipped = stream.clone();
+        flipped[stream.len() / 2] ^= 0x20;
+        let fresh = running_vgpu(slices().1, 7);
+        let half = &stream[..stream.len() / 2];
+        for input in [&stream[..], half, &[], &stream[..], &flipped[..], half] {
+            vgpu_resume(input);
+            RESUME_BASE.with(|cell| {
+                let mut cell = cell.borrow_mut();
+                let base = cell.as_mut().expect("booted by the first input");
+                let vm = base.held();
+                let diff = compare_guest_visible(fresh.vgpu(), vm.vgpu());
+                assert!(diff.is_identical(), "{diff:?}");
+                assert_eq!(vm.frames(), fresh.frames());
+            });
+        }
+        assert!(vgpu_resume(&stream));
+        assert!(!vgpu_resume(half));
+    }
+
+    /// The cheap identity check agrees with `compare_guest_visible`: it accepts the held vGPU
+    /// after the same stop the twin went through, and refuses one RAM byte changed.
+    #[test]
+    fn the_cheap_check_accepts_only_what_the_comparison_accepts() {
+        assert!(!vgpu_resume(&[]));
+        RESUME_BASE.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            let base = cell.as_mut().expect("booted by the first input");
+            let mut vm = base.held();
+            assert!(!base.same_as_reference(vm.vgpu()), "not stopped yet");
+            vm.vgpu_mut().pause(MAX_DRAIN);
+            vm.vgpu_mut().resume();
+            assert!(base.same_as_reference(vm.vgpu()));
+            let at = GuestAddress(3 * PAGE_SIZE + 5);
+            let b: u8 = vm.vgpu().guest_memory().read_obj(at).expect("read");
+            vm.vgpu()
+                .guest_memory()
+                .write_obj(b ^ 1, at)
+                .expect("write");
+            assert!(!base.same_as_reference(vm.vgpu()));
+            assert!(!compare_guest_visible(&base.reference, vm.vgpu()).is_identical());
+        });
+    }
 }

@@ -107,15 +107,23 @@ fn a_resume_either_restores_or_leaves_the_held_vgpu_untouched() {
     keep_seed("vgpu_resume", &stream);
     // The valid seed resumes (the harness's success path); truncations and garbage do not.
     assert!(fuzz::vgpu_resume(&stream));
-    let mut refused = 0;
-    for m in mutations(&stream, 24, 0xfeed) {
-        refused += usize::from(!fuzz::vgpu_resume(&m));
-    }
+    let ms = mutations(&stream, 24, 0xfeed);
+    let outcomes: Vec<bool> = ms.iter().map(|m| fuzz::vgpu_resume(m)).collect();
+    let refused = outcomes.iter().filter(|&&accepted| !accepted).count();
     assert!(
         refused >= 12,
         "only {refused} of 24 mutated streams were refused"
     );
     assert!(!fuzz::vgpu_resume(&[]));
+    // The harness boots its vGPU once and clones it for each input: an input's outcome must not
+    // depend on the inputs before it.
+    let mut backwards: Vec<bool> = ms.iter().rev().map(|m| fuzz::vgpu_resume(m)).collect();
+    backwards.reverse();
+    assert_eq!(
+        outcomes, backwards,
+        "outcomes depend on the order of the inputs"
+    );
+    assert!(fuzz::vgpu_resume(&stream));
 }
 
 #[test]
