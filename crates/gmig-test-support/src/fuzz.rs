@@ -320,7 +320,7 @@ thread_local! {
 /// VMM's recovery (reset), the device still holds the vGPU it had, identical and running.
 /// Returns whether the stream was accepted.
 ///
-/// The vGPU is booted once per thread ([`ResumeBase`]); each input gets a clone of it, in the
+/// The vGPU is booted once per thread (`ResumeBase`); each input gets a clone of it, in the
 /// state a fresh boot gives, so an input's outcome does not depend on the inputs before it.
 pub fn vgpu_resume(data: &[u8]) -> bool {
     RESUME_BASE.with(|cell| {
