@@ -2,13 +2,21 @@
 # Prepares a small Linux guest for QEMU: Debian's cloud kernel and a busybox initramfs whose /init
 # reports the guest's PCI devices or runs one command, then powers the VM off (so QEMU exits).
 #
-#   scripts/qemu/guest.sh [--add SRC:DEST]... [--out DIR]
-#   scripts/qemu/guest.sh --print-key [--add SRC:DEST]...
+#   scripts/qemu/guest.sh [--add SRC:DEST]... [--modules MOD[,MOD]...]... [--out DIR]
+#   scripts/qemu/guest.sh --print-key [--add SRC:DEST]... [--modules MOD[,MOD]...]...
 #
 #   --add SRC:DEST  put host file SRC into the initramfs at DEST (absolute, no whitespace), e.g.
 #                   --add target/x86_64-unknown-linux-musl/release/gmig-guest:/bin/gmig-guest
 #                   (a static binary: the initramfs has no libc). Mode 0755 if SRC is executable,
 #                   else 0644. Later --add entries, and any --add, win over busybox's files.
+#   --modules MODS  boot the Debian kernel that has its drivers as modules (the image package
+#                   linux-image-amd64 depends on, e.g. linux-image-6.1.0-56-amd64; the cloud
+#                   kernel has no GPU drivers) and put each module named (comma separated, e.g.
+#                   i915) and every module it depends on into the initramfs under
+#                   /lib/modules/<release>/, with a modules.dep for them, so that
+#                   `modprobe i915 enable_guc=0` (busybox) loads the lot in dependency order.
+#                   Dependencies come from busybox depmod over the whole package (the modules'
+#                   own `depends=`). No firmware is added.
 #   --out DIR       write initrd.img (and init, for reading) into DIR, rebuilt on every call,
 #                   instead of into the keyed cache directory
 #   --print-key     print the guest key only (downloads the packages if not cached yet)
@@ -36,17 +44,22 @@
 #
 # Cache layout (CACHE = ${GMIG_CACHE:-$HOME/.cache/gmig}/guest):
 #   CACHE/kernel/<kernel .deb name>/vmlinuz, config   kernel from the .deb, per package version
+#   CACHE/kernel/<kernel .deb name>/modules/<release>/ its modules (only with --modules)
 #   CACHE/busybox/<busybox .deb name>/busybox         static busybox, per package version
 #   CACHE/<key>/vmlinuz (hard link), initrd.img, init, key.txt   one prepared guest
 #   CACHE/.lock                                        flock(1): one preparer at a time
-#   CACHE/.resolved                                    package names, until apt's lists change
-# key = sha256 over the kernel and busybox .deb file names, this script's content, and each --add
-# (DEST, mode, sha256 of SRC). Every directory appears by an atomic rename; temp dirs are
-# CACHE/.tmp-*.
+#   CACHE/.resolved-<image package>                    package names, until apt's lists change
+# key = sha256 over the kernel and busybox .deb file names, this script's content, each --add
+# (DEST, mode, sha256 of SRC) and the modules put in (names, sorted). Every directory appears by
+# an atomic rename; temp dirs are CACHE/.tmp-*.
 #
 # The kernel is the image package linux-image-cloud-amd64 depends on (e.g.
 # linux-image-6.1.0-56-cloud-amd64), fetched with `apt-get download` (no install); its config is
-# checked for PCI, sysfs, devtmpfs, initrd+gzip and the 8250 serial console. No modules are used.
+# checked for PCI, sysfs, devtmpfs, initrd+gzip and the 8250 serial console. No modules are used,
+# unless --modules is given: then the kernel is the one linux-image-amd64 depends on, its whole
+# module tree is kept in the cache beside vmlinuz (CACHE/kernel/<deb>/modules/<release>/, ~400 MB,
+# with a modules.dep made by busybox depmod) and only the modules asked for, with their
+# dependencies, go into the initramfs.
 #
 # Environment:
 #   GMIG_CACHE             cache root (default $HOME/.cache/gmig)
@@ -62,12 +75,16 @@ die() { echo "scripts/qemu/guest.sh: error: $*" >&2; exit 1; }
 note() { echo "scripts/qemu/guest.sh: $*" >&2; }
 
 adds=()
+want_modules=()
 out=
 print_key=0
 while (($#)); do
     case $1 in
         --add) (($# >= 2)) || die "--add needs SRC:DEST"; adds+=("$2"); shift 2 ;;
         --add=*) adds+=("${1#--add=}"); shift ;;
+        --modules) (($# >= 2)) || die "--modules needs MOD[,MOD]..."; IFS=, read -ra m <<<"$2"
+                   want_modules+=("${m[@]}"); shift 2 ;;
+        --modules=*) IFS=, read -ra m <<<"${1#--modules=}"; want_modules+=("${m[@]}"); shift ;;
         --out) (($# >= 2)) || die "--out needs DIR"; out=$2; shift 2 ;;
         --out=*) out=${1#--out=}; shift ;;
         --print-key) print_key=1; shift ;;
@@ -92,6 +109,13 @@ for a in ${adds[@]+"${adds[@]}"}; do
     add_src+=("$(cd "$(dirname "$src")" && pwd)/$(basename "$src")")
     add_dest+=("$dest") add_mode+=("$mode")
 done
+for m in ${want_modules[@]+"${want_modules[@]}"}; do
+    [[ $m =~ ^[A-Za-z0-9_-]+$ ]] || die "--modules: '$m' is not a module name"
+done
+# Module names as the kernel spells them (dashes are underscores), sorted, once each.
+if ((${#want_modules[@]})); then
+    mapfile -t want_modules < <(printf '%s\n' "${want_modules[@]}" | tr - _ | sort -u)
+fi
 
 exec 9>"$cache/.lock"
 if ! flock -n 9; then
@@ -126,25 +150,28 @@ show_field() {
 }
 
 # apt-cache parses every package list (about a second here), so the answer is remembered in
-# CACHE/.resolved until the package lists change.
+# CACHE/.resolved-<image package> until the package lists change.
+meta_pkg=linux-image-cloud-amd64
+((${#want_modules[@]} == 0)) || meta_pkg=linux-image-amd64
 lists_stamp=$( (echo "${GMIG_GUEST_KERNEL_PKG:-}"; stat -c '%n %Y %s' /var/lib/apt/lists/*_Packages* 2>/dev/null) |
     sha256sum | cut -d' ' -f1)
 resolved=()
-[[ -f $cache/.resolved ]] && mapfile -t resolved <"$cache/.resolved"
+[[ -f $cache/.resolved-$meta_pkg ]] && mapfile -t resolved <"$cache/.resolved-$meta_pkg"
 if [[ ${#resolved[@]} == 4 && ${resolved[0]} == "$lists_stamp" ]]; then
     kernel_pkg=${resolved[1]} kernel_deb=${resolved[2]} busybox_deb=${resolved[3]}
 else
     if [[ -n ${GMIG_GUEST_KERNEL_PKG:-} ]]; then
         kernel_pkg=$GMIG_GUEST_KERNEL_PKG
     else
-        kernel_pkg=$(show_field linux-image-cloud-amd64 Depends | tr ',' '\n' |
+        kernel_pkg=$(show_field "$meta_pkg" Depends | tr ',' '\n' |
             sed -n 's/^ *\(linux-image-[^ ]*\).*/\1/p' | head -n1)
-        [[ -n $kernel_pkg ]] || die "could not resolve the image package linux-image-cloud-amd64 depends on"
+        [[ -n $kernel_pkg ]] || die "could not resolve the image package $meta_pkg depends on"
     fi
     kernel_deb=$(basename "$(show_field "$kernel_pkg" Filename)")
     busybox_deb=$(basename "$(show_field busybox-static Filename)")
     if ((apt_updated == 0)); then
-        printf '%s\n' "$lists_stamp" "$kernel_pkg" "$kernel_deb" "$busybox_deb" >"$cache/.resolved"
+        printf '%s\n' "$lists_stamp" "$kernel_pkg" "$kernel_deb" "$busybox_deb" \
+            >"$cache/.resolved-$meta_pkg"
     fi
 fi
 
@@ -180,7 +207,7 @@ if [[ ! -f $kdir/vmlinuz ]]; then
     grep -qx 'CONFIG_DEBUG_FS=y' "${config[0]}" || note "warning: $kernel_deb has no debugfs"
     cp "${vmlinuz[0]}" "$stage/vmlinuz"
     cp "${config[0]}" "$stage/config"
-    rm -rf "$x"
+    ((${#want_modules[@]})) || rm -rf "$x"   # else the modules step below takes its modules
     mkdir -p "$cache/kernel"
     mv -T "$stage" "$kdir"
 fi
@@ -199,12 +226,58 @@ if [[ ! -x $bdir/busybox ]]; then
 fi
 busybox=$bdir/busybox
 
+# ---- modules (only with --modules) --------------------------------------------------------------
+# The kernel package's whole module tree is kept once per package (dependencies need it all);
+# the initramfs gets only the closure of the modules asked for.
+mod_release='' mod_paths=()
+if ((${#want_modules[@]})); then
+    grep -qx 'CONFIG_MODULES=y' "$kdir/config" || die "$kernel_deb has no loadable modules"
+    if [[ ! -d $kdir/modules ]]; then
+        x=$tmp/kernel-x stage=$tmp/modules
+        mkdir -p "$stage"
+        [[ -d $x/lib/modules ]] || { mkdir -p "$x"; fetch_deb "$kernel_pkg" "$kernel_deb" "$x"; }
+        rels=("$x"/lib/modules/*)
+        [[ ${#rels[@]} == 1 && -d ${rels[0]}/kernel ]] ||
+            die "$kernel_deb has not exactly one lib/modules/<release>/kernel"
+        note "depmod over $(basename "${rels[0]}")"
+        "$busybox" depmod -b "$x" "$(basename "${rels[0]}")" || die "busybox depmod failed"
+        [[ -s ${rels[0]}/modules.dep ]] || die "busybox depmod wrote no modules.dep"
+        mv "${rels[0]}" "$stage/"
+        rm -rf "$x"
+        mv -T "$stage" "$kdir/modules"
+    fi
+    rels=("$kdir"/modules/*)
+    mod_release=$(basename "${rels[0]}")
+    mdir=$kdir/modules/$mod_release
+    # name -> its modules.dep line (the module's path, then every module it needs, transitively)
+    declare -A dep_line=()
+    while IFS= read -r line; do
+        n=${line%%:*}
+        n=${n##*/}
+        n=${n%.ko}
+        dep_line[${n//-/_}]=$line
+    done <"$mdir/modules.dep"
+    declare -A picked=()
+    for m in "${want_modules[@]}"; do
+        line=${dep_line[$m]:-}
+        if [[ -z $line ]]; then
+            grep -q "/${m}.ko\$\|/${m//_/-}.ko\$" "$mdir/modules.builtin" 2>/dev/null &&
+                { note "module $m is built into $kernel_deb"; continue; }
+            die "$kernel_deb has no module '$m'"
+        fi
+        picked[${line%%:*}]=1
+        for d in ${line#*:}; do picked[$d]=1; done
+    done
+    mapfile -t mod_paths < <(printf '%s\n' "${!picked[@]}" | sort)
+fi
+
 # ---- key --------------------------------------------------------------------------------------
 key_material="kernel $kernel_deb"$'\n'"busybox $busybox_deb"$'\n'
 key_material+="script $(sha256sum "$self" | cut -d' ' -f1)"$'\n'
 for i in ${add_src[@]+"${!add_src[@]}"}; do
     key_material+="add ${add_dest[i]} ${add_mode[i]} $(sha256sum "${add_src[i]}" | cut -d' ' -f1)"$'\n'
 done
+((${#want_modules[@]} == 0)) || key_material+="modules ${want_modules[*]}"$'\n'
 key=$(printf '%s' "$key_material" | sha256sum | cut -d' ' -f1)
 if ((print_key)); then echo "$key" >&3; exit 0; fi
 
@@ -268,6 +341,13 @@ sleep 10
 INIT
 chmod 0755 "$stage/init"
 
+# ---- modules.dep for the modules put in ----------------------------------------------------------
+if [[ -n $mod_release ]]; then
+    for p in ${mod_paths[@]+"${mod_paths[@]}"}; do
+        awk -v p="$p:" 'index($0, p) == 1 { print; exit }' "$mdir/modules.dep"
+    done >"$stage/modules.dep"
+fi
+
 # ---- initramfs (cpio newc, gzip; root-owned, mtime 0, so the same inputs give the same bytes) ---
 manifest=$tmp/manifest
 {
@@ -280,6 +360,12 @@ manifest=$tmp/manifest
         [[ $applet == bin/busybox ]] || echo "slink /$applet /bin/busybox"
     done
     echo "file /init 0755 $stage/init"
+    if [[ -n $mod_release ]]; then
+        for p in ${mod_paths[@]+"${mod_paths[@]}"}; do
+            echo "file /lib/modules/$mod_release/$p 0644 $mdir/$p"
+        done
+        echo "file /lib/modules/$mod_release/modules.dep 0644 $stage/modules.dep"
+    fi
     for i in ${add_src[@]+"${!add_src[@]}"}; do
         echo "file ${add_dest[i]} ${add_mode[i]} ${add_src[i]}"
     done

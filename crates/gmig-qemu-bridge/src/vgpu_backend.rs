@@ -50,6 +50,9 @@ pub struct VgpuSpec {
     /// (the guest-driver model waits by itself). `Some(n)`: one queued workload runs every `n`
     /// region accesses, so a real guest that polls a register sees its work complete a little
     /// later, as on hardware, and the same accesses give the same progress in and out of process.
+    /// A guest that drives the vGPU by interrupts ([`gmig_vgpu::Vgpu::interrupt_driven`]: i915)
+    /// sleeps until one comes instead of polling, so its work runs at the BAR0 write that
+    /// submits it, whatever the pace.
     pub gpu_pace: Option<u32>,
     /// The VMM moves guest RAM itself (KVM VMM, QEMU): the migration stream carries the vGPU's
     /// state only, and the pages it writes are reported through DMA logging.
@@ -322,7 +325,8 @@ impl UserDevice for VgpuBackend {
             BAR0 => {
                 let vm = self.vm_mut().ok_or(libc::EIO)?;
                 pci::bar0_write(vm.vgpu_mut(), offset, data);
-                if self.spec.gpu_pace.is_none() {
+                let now = vm.vgpu().interrupt_driven() || self.spec.gpu_pace.is_none();
+                if now {
                     self.run_gpu(None);
                 }
             }

@@ -4,7 +4,8 @@
 //! # Envelope
 //! ```text
 //! 0   8  magic "GMIGVGPU"
-//! 8   2  format version (little endian), currently 1
+//! 8   2  format version (little endian), currently 2 (2: per-engine running execlist
+//!        instead of a CSB write pointer, which is its register's)
 //! 10  2  reserved, 0
 //! 12  4  body length in bytes
 //! 16  4  CRC-32 of the body
@@ -35,7 +36,7 @@ use crate::work::{EngineState, ExecStats, GpuFault, Workload, WriteLog};
 /// Envelope magic.
 pub const STATE_MAGIC: [u8; 8] = *b"GMIGVGPU";
 /// Current format version.
-pub const STATE_VERSION: u16 = 1;
+pub const STATE_VERSION: u16 = 2;
 /// Largest body a load accepts (a denial-of-service guard).
 pub const MAX_STATE_BYTES: usize = 64 << 20;
 const HEADER_LEN: usize = 20;
@@ -292,6 +293,7 @@ impl Vgpu {
             write_log: WriteLog::default(),
             ctx_heads: state.ctx_heads.iter().copied().collect(),
             irqs_raised: 0,
+            unmodelled: Default::default(),
         };
         // Shadow registers: rebase host addresses onto the new slices.
         for &(reg, value) in &state.sregs {
@@ -383,10 +385,10 @@ mod tests {
             Err(CheckpointError::BadMagic(_))
         ));
         let mut b = bytes.clone();
-        b[8] = 2;
+        b[8] = 3;
         assert_eq!(
             VgpuState::from_bytes(&b),
-            Err(CheckpointError::UnsupportedVersion(2))
+            Err(CheckpointError::UnsupportedVersion(3))
         );
         let mut b = bytes.clone();
         let last = b.len() - 1;

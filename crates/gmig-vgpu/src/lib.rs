@@ -5,7 +5,9 @@
 //! it, and its checkpoint/restore with GGTT remapping.
 //!
 //! **Owns:** the vGPU types and the per-host graphics-memory partition manager ([`gm`]); the GGTT
-//! and PPGTT ([`gtt`]); registers and the GVT-g PV info page ([`mmio`]); the device — MMIO, fences,
+//! and PPGTT ([`gtt`]); register offsets and the GVT-g PV info page ([`mmio`]); the register model as data — reset
+//! values, behaviours, command access — and the MMIO accesses it answers ([`regs`]); execlist
+//! submission with context-status events and resets ([`execlist`]); the device — MMIO, fences,
 //! rings, execlists, status page, display planes ([`vgpu`]) and the values it shares with the
 //! engine ([`work`]); comparing two vGPUs' guest-visible state ([`compare`]); shadowing guest submissions into host
 //! addressing with audit ([`shadow`]); the reference engine ([`exec`]); the guest-driver model and
@@ -22,12 +24,14 @@
 pub mod checkpoint;
 pub mod compare;
 pub mod exec;
+pub mod execlist;
 pub mod gm;
 pub mod gtt;
 #[cfg(feature = "engine")]
 pub mod migratable;
 pub mod mmio;
 pub mod pci;
+pub mod regs;
 #[cfg(feature = "engine")]
 pub mod scenario;
 pub mod shadow;

@@ -118,18 +118,41 @@ pub mod ring {
     pub const CSB_PTR: u32 = 0x3a0;
 }
 
-/// Context-status-buffer event: idle to active.
+/// Context-status-buffer event: idle to active (`GEN8_CTX_STATUS_IDLE_ACTIVE`).
 pub const CSB_IDLE_TO_ACTIVE: u32 = 1 << 0;
-/// Context-status-buffer event: element switch.
-pub const CSB_ELEMENT_SWITCH: u32 = 1 << 3;
-/// Context-status-buffer event: active to idle.
-pub const CSB_ACTIVE_TO_IDLE: u32 = 1 << 4;
-/// Context-status-buffer event: context complete.
-pub const CSB_CTX_COMPLETE: u32 = 1 << 5;
-/// Number of CSB entries.
+/// Context-status-buffer event: the running context was preempted by a new submission
+/// (`GEN8_CTX_STATUS_PREEMPTED`).
+pub const CSB_PREEMPTED: u32 = 1 << 1;
+/// Context-status-buffer event: element switch (`GEN8_CTX_STATUS_ELEMENT_SWITCH`).
+pub const CSB_ELEMENT_SWITCH: u32 = 1 << 2;
+/// Context-status-buffer event: active to idle (`GEN8_CTX_STATUS_ACTIVE_IDLE`).
+pub const CSB_ACTIVE_TO_IDLE: u32 = 1 << 3;
+/// Context-status-buffer event: context complete (`GEN8_CTX_STATUS_COMPLETE`).
+pub const CSB_CTX_COMPLETE: u32 = 1 << 4;
+/// Context-status-buffer event: the preempting submission resubmitted the running context
+/// (`GEN8_CTX_STATUS_LITE_RESTORE`).
+pub const CSB_LITE_RESTORE: u32 = 1 << 15;
+/// Number of CSB entries with registers (GEN8/GEN9; GEN11 has 12, in the status page only).
 pub const CSB_ENTRIES: u32 = 6;
-/// Dword index in the hardware status page where the CSB is mirrored (GEN11 style).
+/// Dword index in the hardware status page where the CSB is mirrored (`I915_HWS_CSB_BUF0_INDEX`).
 pub const HWS_CSB_INDEX: u32 = 0x10;
+
+/// CSB entries on `gen`.
+pub fn csb_entries(gen: Gen) -> u32 {
+    match gen {
+        Gen::Gen11 => 12,
+        _ => CSB_ENTRIES,
+    }
+}
+
+/// Dword index in the hardware status page of the CSB write pointer
+/// (`INTEL_HWS_CSB_WRITE_INDEX`).
+pub fn hws_csb_write_index(gen: Gen) -> u32 {
+    match gen {
+        Gen::Gen11 => 0x2f,
+        _ => 0x1f,
+    }
+}
 
 /// The four engines a vGPU exposes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -201,11 +224,18 @@ impl EngineId {
 
     /// The interrupt identity register and the user-interrupt bit for this engine.
     pub fn user_interrupt(self) -> (u32, u32) {
+        let (iir, shift) = self.irq_bank();
+        (iir, 1 << shift)
+    }
+
+    /// The GT interrupt identity register (`GEN8_GT_IIR(n)`) of this engine and the shift of its
+    /// bits in it.
+    pub fn irq_bank(self) -> (u32, u32) {
         match self {
-            EngineId::Render => (GT_IIR0, 1 << 0),
-            EngineId::Blitter => (GT_IIR0, 1 << 16),
-            EngineId::Video => (GT_IIR1, 1 << 0),
-            EngineId::VideoEnhance => (GT_IIR3, 1 << 0),
+            EngineId::Render => (GT_IIR0, 0),
+            EngineId::Blitter => (GT_IIR0, 16),
+            EngineId::Video => (GT_IIR1, 0),
+            EngineId::VideoEnhance => (GT_IIR3, 0),
         }
     }
 

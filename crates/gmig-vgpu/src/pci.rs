@@ -11,6 +11,12 @@
 //! memory decoding and bus mastering, BARs that answer the all-ones sizing probe, and an MSI
 //! capability (64-bit address) at [`MSI_CAP`]. Accesses are 1, 2 or 4 bytes, naturally aligned;
 //! anything else reads as zero and writes are ignored, as on real hardware.
+//!
+//! Like an Intel integrated GPU's (and a GVT-g vGPU's), it also has the graphics control word
+//! `GMCH_CTRL` at [`GMCH_CTRL`] that i915 sizes the GGTT by (GGMS, bits 7:6: the GGTT entries
+//! BAR0 holds, 8 MiB = a 4 GiB GGTT) and its stolen memory (GMS, bits 15:8: none — a vGPU has
+//! no stolen memory, and i915 does not use it on a vGPU), and the base of stolen memory `BSM`
+//! (0).
 
 use gmig_cmdparser::Gen;
 
@@ -33,6 +39,11 @@ pub const CMD_BUS_MASTER: u16 = 1 << 2;
 /// PCI command register bit: INTx disable.
 pub const CMD_INTX_DISABLE: u16 = 1 << 10;
 
+/// `SNB_GMCH_CTRL`: the graphics control word (16 bits, read-only here).
+pub const GMCH_CTRL: usize = 0x50;
+/// `BSM`: base of stolen memory (read-only, 0: none).
+pub const BSM: usize = 0x5c;
+
 const COMMAND: usize = 0x04;
 const STATUS: usize = 0x06;
 const BAR0: usize = 0x10;
@@ -46,6 +57,13 @@ const MSI_DATA: usize = MSI_CAP + 12;
 const MSI_64BIT: u16 = 1 << 7;
 /// MSI message control: enable.
 const MSI_ENABLE: u16 = 1;
+
+/// The `GMCH_CTRL` word: GGMS (bits 7:6) encodes the size of the GGTT entries in BAR0,
+/// `1 << GGMS` MiB (GEN8+), GMS (bits 15:8) no stolen memory.
+pub fn gmch_ctrl() -> u16 {
+    let gtt_mib = (mmio::MMIO_BAR_SIZE - mmio::GTT_MMIO_BASE) >> 20;
+    (gtt_mib.trailing_zeros() as u16) << 6
+}
 
 /// The device id of an integrated GT2 part of each generation (Broadwell, Skylake, Ice Lake).
 pub fn device_id(gen: Gen) -> u16 {
@@ -94,6 +112,8 @@ impl PciConfig {
         c.bytes[0x3d] = 1; // INTA#
         c.bytes[MSI_CAP] = 0x05; // MSI capability id, last in the list
         c.put16(MSI_CONTROL, MSI_64BIT);
+        c.put16(GMCH_CTRL, gmch_ctrl());
+        c.put32(BSM, 0);
         c
     }
 
@@ -221,30 +241,34 @@ impl PciConfig {
     }
 }
 
-/// A guest read of `data.len()` bytes at `offset` in BAR0 (registers and GGTT entries): 4- and
-/// 8-byte naturally aligned accesses reach the registers; anything else, or a register the vGPU
-/// refuses, reads as zeroes.
+/// A guest read of `data.len()` bytes at `offset` in BAR0 (registers and GGTT entries): 1-, 2-,
+/// 4- and 8-byte naturally aligned accesses reach the registers (a 1- or 2-byte read returns
+/// those bytes of the dword holding them: i915 reads the PV info version with a 2-byte read);
+/// anything else, or a register the vGPU refuses, reads as zeroes.
 pub fn bar0_read(vgpu: &Vgpu, offset: u64, data: &mut [u8]) {
     data.fill(0);
     let Some(off) = reg_offset(offset, data.len()) else {
         return;
     };
     match data.len() {
-        4 => {
-            if let Ok(v) = vgpu.mmio_read32(off) {
+        8 => {
+            if let Ok(v) = vgpu.mmio_read64(off) {
                 data.copy_from_slice(&v.to_le_bytes());
             }
         }
-        _ => {
-            if let Ok(v) = vgpu.mmio_read64(off) {
-                data.copy_from_slice(&v.to_le_bytes());
+        n => {
+            let dword = off & !3;
+            if let Ok(v) = vgpu.mmio_read32(dword) {
+                let at = (off - dword) as usize;
+                data.copy_from_slice(&v.to_le_bytes()[at..at + n]);
             }
         }
     }
 }
 
 /// A guest write of `data` at `offset` in BAR0; accesses [`bar0_read`] would refuse are dropped,
-/// as the hardware drops them.
+/// as the hardware drops them. A 1- or 2-byte write changes only its bytes of the dword
+/// (byte enables: [`Vgpu::mmio_write`]).
 pub fn bar0_write(vgpu: &mut Vgpu, offset: u64, data: &[u8]) {
     let Some(off) = reg_offset(offset, data.len()) else {
         return;
@@ -252,14 +276,21 @@ pub fn bar0_write(vgpu: &mut Vgpu, offset: u64, data: &[u8]) {
     let mut b = [0u8; 8];
     b[..data.len()].copy_from_slice(data);
     let _ = match data.len() {
+        8 => vgpu.mmio_write64(off, u64::from_le_bytes(b)),
         4 => vgpu.mmio_write32(off, u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        _ => vgpu.mmio_write64(off, u64::from_le_bytes(b)),
+        n => {
+            let dword = off & !3;
+            let shift = 8 * (off - dword);
+            let value = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) << shift;
+            let enables = (u32::MAX >> (32 - 8 * n as u32)) << shift;
+            vgpu.mmio_write(dword, value, enables)
+        }
     };
 }
 
 fn reg_offset(offset: u64, len: usize) -> Option<u32> {
     let off = u32::try_from(offset).ok()?;
-    (matches!(len, 4 | 8) && offset.is_multiple_of(len as u64) && off < mmio::MMIO_BAR_SIZE)
+    (matches!(len, 1 | 2 | 4 | 8) && offset.is_multiple_of(len as u64) && off < mmio::MMIO_BAR_SIZE)
         .then_some(off)
 }
 
@@ -417,11 +448,76 @@ mod tests {
         assert_eq!(&back, b"gmig");
         // Odd accesses and offsets outside the slice read as zero and write nothing.
         let mut odd = [0xffu8; 2];
-        bar0_read(&v, u64::from(mmio::VGT_PVINFO_PAGE), &mut odd);
+        bar0_read(&v, u64::from(mmio::VGT_PVINFO_PAGE) + 1, &mut odd);
         assert_eq!(odd, [0, 0]);
+        let mut odd = [0xffu8; 3];
+        bar0_read(&v, u64::from(mmio::VGT_PVINFO_PAGE), &mut odd);
+        assert_eq!(odd, [0, 0, 0]);
         assert!(aperture_write(&v, 0, b"x").is_empty());
         let mut z = [0xffu8; 4];
         aperture_read(&v, 0, &mut z);
         assert_eq!(z, [0; 4]);
+    }
+
+    #[test]
+    fn gmch_control_sizes_the_ggtt_bar0_holds_and_no_stolen_memory() {
+        let c = PciConfig::new(Gen::Gen9, 1 << 30);
+        let mut w = [0u8; 2];
+        c.read(GMCH_CTRL as u64, &mut w);
+        let gmch = u16::from_le_bytes(w);
+        // i915's gen8_get_total_gtt_size(): 1 << GGMS MiB of 8-byte entries, 4 KiB pages each.
+        let ggms = (gmch >> 6) & 3;
+        let entries = (1u64 << ggms << 20) / 8;
+        assert_eq!(entries * 4096, 4 << 30, "a 4 GiB GGTT");
+        assert_eq!(
+            u64::from(mmio::GTT_MMIO_BASE) + entries * 8,
+            BAR0_SIZE,
+            "the entries end with BAR0"
+        );
+        assert_eq!(gmch >> 8, 0, "GMS: no stolen memory");
+        assert_eq!(r32(&c, BSM as u64), 0);
+        let mut c2 = c.clone();
+        w32(&mut c2, GMCH_CTRL as u64, 0xffff_ffff);
+        assert_eq!(c2, c, "read-only");
+    }
+
+    #[test]
+    fn bar0_answers_one_and_two_byte_accesses_with_byte_enables() {
+        let mut v = vgpu();
+        // i915's intel_vgpu_detect(): readw of version_major, then version_minor.
+        let pv = u64::from(mmio::VGT_PVINFO_PAGE);
+        let mut w = [0u8; 2];
+        bar0_read(&v, pv + 8, &mut w);
+        assert_eq!(u16::from_le_bytes(w), mmio::VGT_VERSION_MAJOR);
+        bar0_read(&v, pv + 10, &mut w);
+        assert_eq!(u16::from_le_bytes(w), mmio::VGT_VERSION_MINOR);
+        let mut b = [0u8; 1];
+        bar0_read(&v, pv + 1, &mut b);
+        assert_eq!(b[0], (mmio::VGT_MAGIC >> 8) as u8);
+        // A plain register: only the bytes written change.
+        let gpr = 0x2600u64;
+        bar0_write(&mut v, gpr, &0x1122_3344u32.to_le_bytes());
+        bar0_write(&mut v, gpr + 2, &0xaabbu16.to_le_bytes());
+        bar0_write(&mut v, gpr, &[0x55]);
+        assert_eq!(v.mmio_read32(0x2600).unwrap(), 0xaabb_3355);
+        // A write-1-to-clear register: bytes not written clear nothing.
+        let iir = u64::from(mmio::GT_IIR0);
+        v.raise_engine_irq(crate::mmio::EngineId::Render, 0x101);
+        v.raise_engine_irq(crate::mmio::EngineId::Blitter, 0x101);
+        bar0_write(&mut v, iir + 2, &[0xff]);
+        assert_eq!(v.mmio_read32(mmio::GT_IIR0).unwrap(), 0x0100_0101);
+        // A masked register: the enables of a 2-byte write to the low half are not written.
+        let mi_mode = 0x209cu64;
+        bar0_write(&mut v, mi_mode, &0x0001u16.to_le_bytes());
+        assert_eq!(v.mmio_read32(0x209c).unwrap(), 0);
+        bar0_write(&mut v, mi_mode, &0x0001_0001u32.to_le_bytes());
+        assert_eq!(v.mmio_read32(0x209c).unwrap(), 1);
+        // GGTT entries take byte writes too.
+        let ap = v.guest_view().aperture.base.0;
+        let entry = u64::from(mmio::GTT_MMIO_BASE) + ap / 4096 * 8;
+        bar0_write(&mut v, entry, &0x5001u16.to_le_bytes());
+        let mut e = [0u8; 8];
+        bar0_read(&v, entry, &mut e);
+        assert_eq!(u64::from_le_bytes(e), 0x5001);
     }
 }

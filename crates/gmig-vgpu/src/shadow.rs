@@ -3,8 +3,10 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit, decode_one, remap_in_place, walk, AddressSpace, Budget, Engine, Footprint, GgttOffset,
-    GpuMemory, IndirectState, MemoryError, Reach, RingSpan, SliceMove, WalkError, WriteSet,
+    audit, decode_one, register_allowed, remap_in_place, walk, AddressSpace, AddressUse,
+    AuditError, BatchContext, Budget, Decoded, Engine, Footprint, GgttOffset, GpuMemory, Hook,
+    IndirectState, MemoryError, Reach, RegAccess, RingSpan, SliceMove, VgpuSlices, WalkError,
+    WriteSet, MAX_SURFACE_BYTES,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
@@ -27,6 +29,119 @@ pub fn parser_engine(e: EngineId) -> Engine {
         EngineId::Video => Engine::Video,
         EngineId::VideoEnhance => Engine::VideoEnhance,
     }
+}
+
+/// Our engine for one of the parser's (the parser's second video engine has no vGPU engine).
+fn vgpu_engine(e: Engine) -> Option<EngineId> {
+    match e {
+        Engine::Render => Some(EngineId::Render),
+        Engine::Blitter => Some(EngineId::Blitter),
+        Engine::Video => Some(EngineId::Video),
+        Engine::VideoEnhance => Some(EngineId::VideoEnhance),
+    }
+}
+
+/// gmig-cmdparser's audit, widened in two ways the parser does not know yet (both belong in the
+/// parser; until then the vGPU applies them on top of its answer):
+/// - the register model's command-access rows ([`crate::regs::Reg::cmd_access`], GVT-g's
+///   `F_CMD_ACCESS`) join the parser's register whitelist for `MI_LOAD_REGISTER_IMM`: the masked
+///   workaround and mode registers i915 writes from every context it creates. An engine's ring
+///   rows (`RING_MI_MODE`, `RING_MODE_GEN7`, `RING_INSTPM`) only from that engine, the
+///   fixed-offset rows (render and slice state) only from the render engine;
+/// - a state pointer at GGTT 0 that sizes nothing is no memory access ([`null_use`]: i915's
+///   null render state programs its pools with base and size 0 and an all-zero depth buffer);
+///   the shadow copy points it at the vGPU's own first page ([`redirect_null_uses`]), so that
+///   even a later draw through it cannot leave the vGPU. Every other use is checked as the
+///   parser checks it.
+///
+/// Everything else the parser decides.
+pub(crate) fn audit_command_model(
+    cmd: &Decoded<'_>,
+    ctx: &BatchContext,
+    slices: &VgpuSlices,
+) -> Result<(), AuditError> {
+    match audit(cmd, ctx, slices) {
+        Err(AuditError::Register { .. })
+            if cmd.desc.hook == Hook::LoadRegImm && lri_admitted(cmd) =>
+        {
+            Ok(())
+        }
+        // The parser checks addresses after everything else: the shape passed.
+        Err(AuditError::OutOfSlice { start: 0, .. }) if ggtt_uses_admitted(cmd, ctx, slices) => {
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+/// Whether every GGTT use of `cmd` is empty at address 0 or passes the parser's checks
+/// (privileged buffer, under the surface cap, inside the slices).
+fn ggtt_uses_admitted(cmd: &Decoded<'_>, ctx: &BatchContext, slices: &VgpuSlices) -> bool {
+    cmd.addresses(ctx)
+        .filter(|u| u.space == AddressSpace::Ggtt)
+        .all(|u| {
+            null_use(cmd, &u)
+                || (ctx.privileged && u.len <= MAX_SURFACE_BYTES && slices.contains(u.start, u.len))
+        })
+}
+
+/// A GGTT state pointer that points nowhere: at address 0 and sizing nothing — 0 bytes, or a
+/// command whose dwords past DW0 are all zero (an all-zero `3DSTATE_DEPTH_BUFFER` has no size
+/// field of its own).
+fn null_use(cmd: &Decoded<'_>, u: &AddressUse) -> bool {
+    let all_zero = cmd
+        .dwords
+        .get(1..)
+        .is_some_and(|d| d.iter().all(|&x| x == 0));
+    u.space == AddressSpace::Ggtt
+        && u.addr == 0
+        && u.start == 0
+        && (u.len == 0 || (!u.bounded && all_zero))
+}
+
+/// Points every [`null_use`] of `cmd` in its shadow `dwords` at `to` (a page of the vGPU's own
+/// slices, guest view; remapping moves it with the rest).
+fn redirect_null_uses(cmd: &Decoded<'_>, ctx: &BatchContext, dwords: &mut [u32], to: u64) {
+    for u in cmd.addresses(ctx).filter(|u| null_use(cmd, u)) {
+        let low_bits = 1u32
+            .checked_shl(u32::from(u.lo))
+            .map_or(u32::MAX, |b| b - 1);
+        if let Some(d) = dwords.get_mut(u.dword) {
+            *d = (*d & low_bits) | (to as u32 & !low_bits);
+        }
+        if u.width.dwords() == 2 {
+            if let Some(d) = dwords.get_mut(u.dword + 1) {
+                *d = (to >> 32) as u32;
+            }
+        }
+    }
+}
+
+/// Whether every register an `MI_LOAD_REGISTER_IMM` writes is whitelisted by the parser or a
+/// command-access row the submitting engine may write.
+fn lri_admitted(cmd: &Decoded<'_>) -> bool {
+    let Some(engine) = vgpu_engine(cmd.engine) else {
+        return false;
+    };
+    let body = cmd.dwords.get(1..).unwrap_or(&[]);
+    body.len().is_multiple_of(2)
+        && body.chunks(2).all(|pair| {
+            let reg = pair[0] & 0x007f_fffc;
+            if register_allowed(cmd.gen, cmd.engine, reg, RegAccess::Write) {
+                return true;
+            }
+            let Some(row) = crate::regs::lookup(cmd.gen, reg).filter(|r| r.cmd_access) else {
+                return false;
+            };
+            match EngineId::from_reg_for(cmd.gen, reg) {
+                Some((owner, rel))
+                    if crate::regs::table::ENGINE.iter().any(|r| r.offset == rel) =>
+                {
+                    owner == engine
+                }
+                _ => engine == EngineId::Render && row.offset == reg,
+            }
+        })
 }
 
 /// What shadowing a submission needs from the device that received it (implemented by
@@ -117,12 +232,13 @@ pub(crate) fn shadow_workload<S: ShadowSource>(
                 reason: "command outside the vGPU's slices",
             });
         }
-        audit(&w.cmd, &w.ctx, &guest).map_err(|err| WalkError::Audit {
+        audit_command_model(&w.cmd, &w.ctx, &guest).map_err(|err| WalkError::Audit {
             space: w.space,
             addr: w.addr,
             err,
         })?;
         let mut dwords = w.cmd.dwords.to_vec();
+        redirect_null_uses(&w.cmd, &w.ctx, &mut dwords, guest.aperture.base.0);
         if moving {
             remap_in_place(gen, pe, &mut dwords, &w.ctx, &mv).map_err(|err| WalkError::Remap {
                 space: w.space,
@@ -191,7 +307,7 @@ pub(crate) fn audit_command(
             d.len()
         ));
     }
-    audit(&d, &cmd.ctx, slices).map_err(|e| e.to_string())
+    audit_command_model(&d, &cmd.ctx, slices).map_err(|e| e.to_string())
 }
 
 /// What one workload's commands may write, collected command by command.
@@ -280,4 +396,153 @@ pub(crate) fn log_write_set(
         }
     }
     (d.desc.name, footprint)
+}
+
+#[cfg(test)]
+mod tests {
+    use gmig_cmdparser::{BatchLevel, Gen};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The context workarounds i915 6.1 writes into every render context on Skylake (as the
+    /// vGPU received them).
+    const I915_CTX_WA: [u32; 19] = [
+        0x1100_0011,
+        0x2580,
+        0x0007_0004,
+        0x7004,
+        0x0042_0042,
+        0x7014,
+        0x2000_2000,
+        0x7300,
+        0x8030_8030,
+        0xe180,
+        0x2000_2000,
+        0xe184,
+        0x0002_0002,
+        0xe188,
+        0x0008_0000,
+        0xe194,
+        0x0114_0114,
+        0xe4f0,
+        0x8100_8100,
+    ];
+
+    fn slices() -> VgpuSlices {
+        crate::vgpu::lone_test_vgpu(1, 1 << 20).guest_view()
+    }
+
+    fn admitted(engine: Engine, dwords: &[u32]) -> (bool, bool) {
+        let d = decode_one(Gen::Gen9, engine, dwords, 0).unwrap();
+        let s = slices();
+        (
+            audit(&d, &BatchContext::RING, &s).is_ok(),
+            audit_command_model(&d, &BatchContext::RING, &s).is_ok(),
+        )
+    }
+
+    fn lri(pairs: &[(u32, u32)]) -> Vec<u32> {
+        gmig_cmdparser::build::mi_load_register_imm(pairs)
+    }
+
+    #[test]
+    fn i915s_context_workarounds_are_admitted_from_the_render_engine_only() {
+        assert_eq!(admitted(Engine::Render, &I915_CTX_WA), (false, true));
+        assert_eq!(admitted(Engine::Blitter, &I915_CTX_WA), (false, false));
+        // An engine's ring rows only from that engine.
+        let ring_mode = |base: u32| lri(&[(base + 0x29c, 0x0008_0008)]);
+        assert!(admitted(Engine::Blitter, &ring_mode(0x2_2000)).1);
+        assert!(!admitted(Engine::Render, &ring_mode(0x2_2000)).1);
+        // Registers without command access stay refused, alone or among admitted ones.
+        for reg in [0x941c, 0x2030, 0x2230, 0xa278, 0x4_4200, 0x10_0000] {
+            assert_eq!(admitted(Engine::Render, &lri(&[(reg, 1)])), (false, false));
+            assert!(
+                !admitted(Engine::Render, &lri(&[(0x7014, 1), (reg, 1)])).1,
+                "{reg:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn null_state_pointers_are_admitted_and_shadowed_into_the_slices() {
+        let s = slices();
+        let pool_off = [0x7919_0002, 0, 0, 0];
+        let depth_off = [0x7805_0006, 0, 0, 0, 0, 0, 0, 0];
+        for cmd in [&pool_off[..], &depth_off[..]] {
+            assert_eq!(admitted(Engine::Render, cmd), (false, true));
+            let d = decode_one(Gen::Gen9, Engine::Render, cmd, 0).unwrap();
+            let mut shadow = cmd.to_vec();
+            redirect_null_uses(&d, &BatchContext::RING, &mut shadow, s.aperture.base.0);
+            // The shadow passes the parser as it is: nothing points outside the vGPU.
+            let sd = decode_one(Gen::Gen9, Engine::Render, &shadow, 0).unwrap();
+            assert!(audit(&sd, &BatchContext::RING, &s).is_ok(), "{shadow:x?}");
+        }
+        // A pool at 0 with a size, a depth buffer at 0 with a size: refused.
+        assert!(!admitted(Engine::Render, &[0x7919_0002, 0, 0, 0x1000]).1);
+        let depth_sized = [0x7805_0006, 0, 0, 0, 0x0010_0010, 0, 0, 0];
+        assert!(!admitted(Engine::Render, &depth_sized).1);
+        // From an unprivileged batch nothing changes: the parser refuses GGTT use outright.
+        let ppgtt = BatchContext::batch(BatchLevel::First, AddressSpace::Ppgtt, BatchContext::RING);
+        let d = decode_one(Gen::Gen9, Engine::Render, &pool_off, 0).unwrap();
+        assert_eq!(
+            audit_command_model(&d, &ppgtt, &s).is_ok(),
+            audit(&d, &ppgtt, &s).is_ok()
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The widened LRI check admits a register only if the parser does or the register
+        /// model gives it command access, and a multi-register LRI exactly when each register
+        /// alone would be.
+        #[test]
+        fn lri_widening_admits_only_command_access_rows(
+            regs in proptest::collection::vec(
+                prop_oneof![
+                    (0u32..0x8_0000).prop_map(|r| r & !3),
+                    proptest::sample::select(crate::regs::cmd_access_registers(Gen::Gen9)),
+                ],
+                1..6,
+            ),
+            engine in proptest::sample::select(vec![
+                Engine::Render, Engine::Blitter, Engine::Video, Engine::VideoEnhance,
+            ]),
+        ) {
+            let pairs: Vec<(u32, u32)> = regs.iter().map(|&r| (r, 0x0001_0001)).collect();
+            let all = admitted(engine, &lri(&pairs)).1;
+            let each = regs.iter().all(|&r| admitted(engine, &lri(&[(r, 1)])).1);
+            prop_assert_eq!(all, each);
+            for &r in &regs {
+                let (parser, model) = admitted(engine, &lri(&[(r, 1)]));
+                let row = crate::regs::lookup(Gen::Gen9, r).is_some_and(|x| x.cmd_access);
+                prop_assert!(!model || parser || row, "{:#x}", r);
+            }
+        }
+
+        /// Whatever pool-allocation or depth-buffer state the guest writes, the shadow the
+        /// vGPU would run after admitting it passes the parser's own address checks.
+        #[test]
+        fn admitted_state_never_points_outside_the_vgpu(
+            base in prop_oneof![Just(0u64), 0u64..(1 << 33)],
+            size in prop_oneof![Just(0u32), any::<u32>()],
+            dims in prop_oneof![Just(0u32), any::<u32>()],
+            depth in any::<bool>(),
+        ) {
+            let s = slices();
+            let cmd: Vec<u32> = if depth {
+                vec![0x7805_0006, 0, base as u32, (base >> 32) as u32, dims, 0, 0, 0]
+            } else {
+                vec![0x7919_0002, base as u32 & !0xfff, (base >> 32) as u32, size & !0xfff]
+            };
+            let d = decode_one(Gen::Gen9, Engine::Render, &cmd, 0).unwrap();
+            if audit_command_model(&d, &BatchContext::RING, &s).is_ok() {
+                let mut shadow = cmd.clone();
+                redirect_null_uses(&d, &BatchContext::RING, &mut shadow, s.aperture.base.0);
+                let sd = decode_one(Gen::Gen9, Engine::Render, &shadow, 0).unwrap();
+                prop_assert!(audit(&sd, &BatchContext::RING, &s).is_ok(), "{:x?}", shadow);
+            }
+        }
+    }
 }

@@ -1,6 +1,8 @@
 //! The software vGPU device: MMIO register file with the GVT-g PV info page, the GGTT written
 //! through the MMIO GTT range, fences, display planes, per-engine execlist submission, and a queue
-//! of shadowed workloads that the reference engine ([`crate::exec`]) runs.
+//! of shadowed workloads that the reference engine ([`crate::exec`]) runs. The guest's MMIO
+//! accesses are answered in [`crate::regs`] (the register model), submissions and context-status
+//! events in [`crate::execlist`].
 //!
 //! # Two views of graphics memory
 //! The guest was told its slices by the PV info page when it booted (the *guest view*) and keeps
@@ -27,9 +29,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::gm::{Gfn, VgpuType, PAGE_SIZE};
+use crate::gm::{Gfn, VgpuType};
 use crate::gtt::{ppgtt_frames, Ggtt, GgttLog, GpuView, GttError, GuestRam, Space};
-use crate::mmio::{self, desc, lrc, pvinfo, ring, EngineId};
+use crate::mmio::{self, lrc};
 use gmig_cmdparser::{Gen, GgttOffset, SliceMove, VgpuSlices};
 
 /// Submissions one engine may have waiting. A frame of the guest-driver model queues one per
@@ -115,9 +117,11 @@ pub struct Vgpu {
     /// Per context (guest-view LRCA): the ring offset up to which work was already submitted
     /// (the hardware's lite-restore head), so a resubmission walks only the new commands.
     pub(crate) ctx_heads: BTreeMap<u64, u32>,
-    /// User interrupts raised since this vGPU was created on this host (not migrated: a VMM
+    /// Interrupts signalled since this vGPU was created on this host (not migrated: a VMM
     /// compares it before and after running work to know when to signal MSI).
     pub(crate) irqs_raised: u64,
+    /// Registers touched that the register model has no row for (not migrated).
+    pub(crate) unmodelled: crate::regs::access::Unmodelled,
 }
 
 impl Vgpu {
@@ -148,6 +152,7 @@ impl Vgpu {
             write_log: WriteLog::default(),
             ctx_heads: BTreeMap::new(),
             irqs_raised: 0,
+            unmodelled: Default::default(),
         })
     }
 
@@ -225,238 +230,11 @@ impl Vgpu {
         }
     }
 
-    /// User interrupts the executed work raised on this host so far (a counter the device
-    /// front end compares to decide when to signal the guest's MSI).
+    /// Interrupts the vGPU signalled on this host so far (a counter the device front end
+    /// compares to decide when to signal the guest's MSI): user and context-switch events the
+    /// guest enabled, while its master interrupt enable is on.
     pub fn interrupts_raised(&self) -> u64 {
         self.irqs_raised
-    }
-
-    // ---- MMIO ----
-
-    /// A 32-bit MMIO read by the guest.
-    pub fn mmio_read32(&self, offset: u32) -> Result<u32> {
-        if !offset.is_multiple_of(4) || offset >= mmio::MMIO_BAR_SIZE {
-            return Err(VgpuError::BadMmio { offset, len: 4 });
-        }
-        if offset >= mmio::GTT_MMIO_BASE {
-            let entry = self.gtt_mmio_entry(offset & !7);
-            return Ok(if offset.is_multiple_of(8) {
-                entry as u32
-            } else {
-                (entry >> 32) as u32
-            });
-        }
-        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
-        {
-            return Ok(self.pvinfo_read(offset - mmio::VGT_PVINFO_PAGE));
-        }
-        Ok(self.vregs.get(&offset).copied().unwrap_or(0))
-    }
-
-    /// A 64-bit MMIO read (GGTT entries, the magic).
-    pub fn mmio_read64(&self, offset: u32) -> Result<u64> {
-        let lo = self.mmio_read32(offset)?;
-        let hi = self.mmio_read32(
-            offset
-                .checked_add(4)
-                .ok_or(VgpuError::BadMmio { offset, len: 8 })?,
-        )?;
-        Ok(u64::from(lo) | (u64::from(hi) << 32))
-    }
-
-    fn gtt_mmio_entry(&self, offset: u32) -> u64 {
-        let page = u64::from(offset - mmio::GTT_MMIO_BASE) / 8;
-        self.ggtt
-            .entry(&self.guest_view, GgttOffset(page * PAGE_SIZE))
-            .unwrap_or(0)
-    }
-
-    fn pvinfo_read(&self, rel: u32) -> u32 {
-        let g = &self.guest_view;
-        match rel {
-            pvinfo::MAGIC => mmio::VGT_MAGIC as u32,
-            0x04 => (mmio::VGT_MAGIC >> 32) as u32,
-            pvinfo::VERSION_MAJOR => {
-                u32::from(mmio::VGT_VERSION_MAJOR) | (u32::from(mmio::VGT_VERSION_MINOR) << 16)
-            }
-            pvinfo::VGT_ID => self.cfg.vgt_id,
-            pvinfo::VGT_CAPS => mmio::VGT_CAPS_FULL_PPGTT | mmio::VGT_CAPS_HWSP_EMULATION,
-            pvinfo::APERTURE_BASE => g.aperture.base.0 as u32,
-            pvinfo::APERTURE_SIZE => g.aperture.size as u32,
-            pvinfo::HIDDEN_BASE => g.hidden.base.0 as u32,
-            pvinfo::HIDDEN_SIZE => g.hidden.size as u32,
-            pvinfo::FENCE_NUM => self.cfg.fence_num,
-            _ => self
-                .vregs
-                .get(&(mmio::VGT_PVINFO_PAGE + rel))
-                .copied()
-                .unwrap_or(0),
-        }
-    }
-
-    /// A 64-bit MMIO write (GGTT entries).
-    pub fn mmio_write64(&mut self, offset: u32, value: u64) -> Result<()> {
-        self.mmio_write32(offset, value as u32)?;
-        self.mmio_write32(
-            offset
-                .checked_add(4)
-                .ok_or(VgpuError::BadMmio { offset, len: 8 })?,
-            (value >> 32) as u32,
-        )
-    }
-
-    /// A 32-bit MMIO write by the guest.
-    pub fn mmio_write32(&mut self, offset: u32, value: u32) -> Result<()> {
-        if !offset.is_multiple_of(4) || offset >= mmio::MMIO_BAR_SIZE {
-            return Err(VgpuError::BadMmio { offset, len: 4 });
-        }
-        if offset >= mmio::GTT_MMIO_BASE {
-            let entry_off = offset & !7;
-            let old = self.gtt_mmio_entry(entry_off);
-            let new = if offset.is_multiple_of(8) {
-                (old & !0xffff_ffff) | u64::from(value)
-            } else {
-                (old & 0xffff_ffff) | (u64::from(value) << 32)
-            };
-            let page = u64::from(entry_off - mmio::GTT_MMIO_BASE) / 8;
-            // Outside the balloon: ignored, as GVT-g does.
-            let _ = self.ggtt.set_entry_logged(
-                &self.guest_view,
-                GgttOffset(page * PAGE_SIZE),
-                new,
-                self.ggtt_log.as_mut(),
-            );
-            return Ok(());
-        }
-        if (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
-        {
-            let rel = offset - mmio::VGT_PVINFO_PAGE;
-            if rel >= pvinfo::DISPLAY_READY {
-                self.vregs.insert(offset, value);
-            }
-            if rel == pvinfo::G2V_NOTIFY {
-                self.g2v_notify(value);
-            }
-            return Ok(());
-        }
-        if let Some((engine, rel)) = EngineId::from_reg_for(self.cfg.gen, offset) {
-            if rel == ring::ELSP {
-                return self.elsp_write(engine, value);
-            }
-        }
-        self.vregs.insert(offset, value);
-        if let Some(mask) = mmio::address_register(self.cfg.gen, self.cfg.fence_num, offset) {
-            let shadow = self.shadow_address_reg(value, mask, &self.guest_to_host());
-            self.sregs.insert(offset, shadow);
-        }
-        Ok(())
-    }
-
-    /// GVT-g guest-to-vGPU notifications: PPGTT creation and destruction (the root is in
-    /// `pdp[0]` of the PV info page).
-    fn g2v_notify(&mut self, value: u32) {
-        let reg = |o: u32| {
-            u64::from(
-                self.vregs
-                    .get(&(mmio::VGT_PVINFO_PAGE + o))
-                    .copied()
-                    .unwrap_or(0),
-            )
-        };
-        let root = reg(pvinfo::PDP0_LO) | (reg(pvinfo::PDP0_LO + 4) << 32);
-        match value {
-            mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_CREATE => {
-                self.ppgtt_roots.insert(root);
-            }
-            mmio::VGT_G2V_PPGTT_L4_PAGE_TABLE_DESTROY => {
-                self.ppgtt_roots.remove(&root);
-            }
-            _ => {}
-        }
-    }
-
-    /// Rebases the address bits of a register value; a value outside the source slices becomes 0
-    /// (the hardware never sees an address outside the vGPU).
-    pub(crate) fn shadow_address_reg(&self, value: u32, mask: u32, mv: &SliceMove) -> u32 {
-        let addr = u64::from(value & mask);
-        if !self.remap {
-            return value;
-        }
-        match mv.rebase(GgttOffset(addr)) {
-            Some(h) => match u32::try_from(h.0) {
-                Ok(h) => (h & mask) | (value & !mask),
-                Err(_) => 0,
-            },
-            _ => 0,
-        }
-    }
-
-    /// The host-side (shadow) value of an address register.
-    pub fn shadow_reg(&self, offset: u32) -> Option<u32> {
-        self.sregs.get(&offset).copied()
-    }
-
-    fn elsp_write(&mut self, engine: EngineId, value: u32) -> Result<()> {
-        if !self.accepting {
-            return Err(VgpuError::Paused(engine.name()));
-        }
-        let st = &mut self.engines[engine.index()];
-        st.elsp.push(value);
-        if st.elsp.len() < 4 {
-            return Ok(());
-        }
-        // Written as element 1 (hi, lo), then element 0 (hi, lo); element 0 runs first.
-        let w = std::mem::take(&mut st.elsp);
-        let e1 = (u64::from(w[0]) << 32) | u64::from(w[1]);
-        let e0 = (u64::from(w[2]) << 32) | u64::from(w[3]);
-        for d in [e0, e1] {
-            if d & desc::VALID != 0 {
-                self.submit(engine, d);
-            }
-        }
-        Ok(())
-    }
-
-    fn submit(&mut self, engine: EngineId, d: u64) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let lrca_guest = d & desc::LRCA_MASK;
-        let pending = self.queue.iter().filter(|w| w.engine == engine).count();
-        let shadowed = if pending >= MAX_PENDING_PER_ENGINE {
-            // Refused before any shadowing work: a flood costs the host O(1) per ELSP write.
-            Err((
-                FaultKind::Flood,
-                format!("{pending} submissions already pending on {}", engine.name()),
-            ))
-        } else {
-            crate::shadow::shadow_workload(self, engine, d, seq)
-        };
-        match shadowed {
-            Ok(w) => {
-                self.ctx_heads.insert(lrca_guest, w.ring_tail);
-                if let Some(r) = w.pml4 {
-                    self.ppgtt_roots.insert(r);
-                }
-                self.queue.push_back(w);
-            }
-            Err((kind, reason)) => {
-                let ctx_id = (d >> desc::CTX_ID_SHIFT) as u32;
-                self.report_fault(GpuFault {
-                    engine,
-                    ctx_id,
-                    kind,
-                    reason,
-                });
-                // The refused context is completed (its ring consumed) so the guest can go on.
-                let lrca = self.guest_to_host().rebase(GgttOffset(lrca_guest));
-                let tail = self.read_ctx_state(lrca, lrc::RING_TAIL);
-                if let (Some(l), Some(t)) = (lrca, tail) {
-                    self.write_ctx_state(l, lrc::RING_HEAD, t);
-                    self.ctx_heads.insert(lrca_guest, t & 0x001f_fff8);
-                }
-                self.complete_csb(engine, ctx_id);
-            }
-        }
     }
 
     /// Runs one workload on the reference engine and applies what it did: statistics, write log,
@@ -471,12 +249,10 @@ impl Vgpu {
             *self.stats.skipped.entry(s.to_string()).or_insert(0) += 1;
         }
         for (r, v) in out.reg_writes {
-            self.vregs.insert(r, v);
+            self.command_reg_write(r, v);
         }
         if out.interrupt {
-            self.irqs_raised += 1;
-            let (reg, bit) = w.engine.user_interrupt();
-            *self.vregs.entry(reg).or_insert(0) |= bit;
+            self.raise_engine_irq(w.engine, crate::regs::table::GT_USER_INTERRUPT);
         }
         match out.fault {
             Some(reason) => self.report_fault(GpuFault {
@@ -488,7 +264,7 @@ impl Vgpu {
             None => self.stats.workloads += 1,
         }
         self.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
-        self.complete_csb(w.engine, w.ctx_id());
+        self.switch_out(w.engine, w.seq);
     }
 
     pub(crate) fn report_fault(&mut self, fault: GpuFault) {
@@ -524,48 +300,6 @@ impl Vgpu {
         // Context-image write-back is the hardware's own write, not a command's: always dirty.
         self.write_log.actual.extend(pages.iter().copied());
         self.write_log.candidate.extend(pages);
-    }
-
-    /// Records a context-complete event in the CSB registers and the status page.
-    pub(crate) fn complete_csb(&mut self, engine: EngineId, ctx_id: u32) {
-        let base = engine.mmio_base_for(self.cfg.gen);
-        let st = &mut self.engines[engine.index()];
-        st.completed += 1;
-        let wp = st.csb_wp;
-        st.csb_wp = (wp + 1) % mmio::CSB_ENTRIES;
-        let status = mmio::CSB_CTX_COMPLETE | mmio::CSB_ACTIVE_TO_IDLE;
-        self.vregs.insert(base + ring::CSB + 8 * wp, status);
-        self.vregs.insert(base + ring::CSB + 8 * wp + 4, ctx_id);
-        self.vregs.insert(base + ring::CSB_PTR, wp);
-        self.vregs.insert(
-            base + ring::EXECLIST_STATUS,
-            (ctx_id & 0xffff) << 16 | 1 << 12,
-        );
-        if let Some(hws) = self
-            .sregs
-            .get(&(base + ring::HWS_PGA))
-            .copied()
-            .filter(|h| *h != 0)
-        {
-            let addr = u64::from(hws & 0xffff_f000) + 4 * u64::from(mmio::HWS_CSB_INDEX + 2 * wp);
-            let mut bytes = [0u8; 8];
-            bytes[..4].copy_from_slice(&status.to_le_bytes());
-            bytes[4..].copy_from_slice(&ctx_id.to_le_bytes());
-            let mut pages = Vec::new();
-            if let Err(e) = self
-                .host_view(None)
-                .write(Space::Ggtt, addr, &bytes, &mut pages)
-            {
-                self.report_fault(GpuFault {
-                    engine,
-                    ctx_id,
-                    kind: FaultKind::Memory,
-                    reason: format!("status page write: {e}"),
-                });
-            }
-            self.write_log.actual.extend(pages.iter().copied());
-            self.write_log.candidate.extend(pages);
-        }
     }
 
     // ---- execution ----
@@ -671,7 +405,8 @@ pub(crate) fn lone_test_vgpu(id: u32, ram: usize) -> Vgpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gm::MIB;
+    use crate::gm::{MIB, PAGE_SIZE};
+    use crate::mmio::{pvinfo, ring, EngineId};
     use proptest::prelude::*;
 
     fn vgpu() -> Vgpu {

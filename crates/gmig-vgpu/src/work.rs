@@ -91,14 +91,27 @@ pub struct GpuFault {
     pub reason: String,
 }
 
+/// One element of the execlist an engine runs (the last submission it took).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Port {
+    /// Sequence number of its queued workload; `None` for a refused context (it completes at
+    /// once, in its place).
+    pub seq: Option<u64>,
+    /// Context ID (upper dword of the descriptor), reported in its CSB events.
+    pub ctx_id: u32,
+    /// The context image (guest-view LRCA).
+    pub lrca: u64,
+}
+
 /// Per-engine execlist state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EngineState {
     /// ELSP dwords written so far (a submission is four writes).
     pub elsp: Vec<u32>,
-    /// CSB write pointer.
-    pub csb_wp: u32,
-    /// Workloads completed (including refused ones).
+    /// The elements of the last submission that have not switched out yet, in order (empty:
+    /// the engine is idle). The CSB write pointer is its register's.
+    pub running: Vec<Port>,
+    /// Contexts that switched out complete (refused ones included).
     pub completed: u64,
 }
 
