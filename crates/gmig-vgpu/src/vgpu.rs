@@ -121,7 +121,7 @@ pub struct Vgpu {
     /// compares it before and after running work to know when to signal MSI).
     pub(crate) irqs_raised: u64,
     /// Registers touched that the register model has no row for (not migrated).
-    pub(crate) unmodelled: crate::regs::access::Unmodelled,
+    pub(crate) unmodelled: crate::regs::unmodelled::Unmodelled,
 }
 
 impl Vgpu {

@@ -2,9 +2,6 @@
 //! the rows of [`super::table`] say (a register without a row is a plain store, counted as
 //! unmodelled).
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
-
 use gmig_cmdparser::{GgttOffset, SliceMove};
 
 use super::table::MASTER_IRQ_CONTROL;
@@ -12,6 +9,7 @@ use super::{lookup, masked, Behaviour, Handler, Reg};
 use crate::gm::PAGE_SIZE;
 use crate::mmio::{self, pvinfo};
 use crate::vgpu::{Result, Vgpu, VgpuError};
+use std::collections::BTreeMap;
 
 /// `STOP_RING` in `RING_MI_MODE`.
 const MI_STOP_RING: u32 = 1 << 8;
@@ -34,48 +32,6 @@ const AUX_DONE: u32 = 1 << 30;
 const AUX_TIME_OUT_ERROR: u32 = 1 << 28;
 const AUX_RECEIVE_ERROR: u32 = 1 << 25;
 const AUX_STICKY: u32 = AUX_DONE | AUX_TIME_OUT_ERROR | AUX_RECEIVE_ERROR;
-
-/// Registers the guest touched that no row models: offset to accesses. Counted on reads too,
-/// which take `&Vgpu`, hence the lock; not migrated (it describes this host's run).
-#[derive(Default)]
-pub(crate) struct Unmodelled(Mutex<BTreeMap<u32, u64>>);
-
-impl Unmodelled {
-    fn note(&self, offset: u32, write: bool) {
-        let mut m = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = m.entry(offset).or_insert(0);
-        *n += 1;
-        if *n == 1 {
-            tracing::debug!(
-                offset = format_args!("{offset:#x}"),
-                write,
-                "unmodelled register (plain store)"
-            );
-        }
-    }
-
-    fn snapshot(&self) -> BTreeMap<u32, u64> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl Clone for Unmodelled {
-    fn clone(&self) -> Self {
-        Unmodelled(Mutex::new(self.snapshot()))
-    }
-}
-
-impl std::fmt::Debug for Unmodelled {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Unmodelled({} registers)", self.snapshot().len())
-    }
-}
 
 fn in_pvinfo(offset: u32) -> bool {
     (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)

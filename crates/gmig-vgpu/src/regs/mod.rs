@@ -18,6 +18,7 @@ pub mod irq;
 pub mod table;
 #[cfg(test)]
 mod tests;
+pub(crate) mod unmodelled;
 
 use gmig_cmdparser::Gen;
 
