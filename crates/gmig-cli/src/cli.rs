@@ -465,6 +465,15 @@ pub struct ServeArgs {
     /// moves; the engine's 2 with `--profile`).
     #[arg(long)]
     pub max_drain: Option<usize>,
+    /// Negative control: a restored vGPU keeps the source's graphics addresses.
+    #[arg(long, hide = true)]
+    pub x_no_remap: bool,
+    /// Negative control: DMA logging on, off (refused) or blind (reports no page).
+    #[arg(long, hide = true, default_value = "on")]
+    pub x_dma_log: String,
+    /// Negative control: the device offers no migration (DEVICE_FEATURE refused).
+    #[arg(long, hide = true)]
+    pub x_no_migration: bool,
 }
 
 #[derive(Debug, Args)]

@@ -449,10 +449,15 @@ pub fn copy_guest_ram(
     Ok(dst)
 }
 
-/// Total bytes of guest RAM.
+/// Bytes of guest-physical address space that guest RAM spans (the end of its highest region):
+/// frames are numbered by guest-physical address, and a VMM's map may have holes (QEMU's
+/// 0xc0000-0x100000 while the firmware shadows it, PCI below 4 GiB) that change while it runs.
 pub fn ram_size(mem: &GuestRam) -> u64 {
     use vm_memory::GuestMemoryRegion;
-    mem.iter().map(GuestMemoryRegion::len).sum()
+    mem.iter()
+        .map(|r| r.start_addr().0 + r.len())
+        .max()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::os::unix::net::UnixListener;
 use anyhow::{anyhow, Context};
 use gmig_cmdparser::Gen;
 use gmig_core::migration::{MigrationConfig, Policy};
-use gmig_qemu_bridge::server::Server;
+use gmig_qemu_bridge::server::{DmaLogControl, NegativeControls, Server};
 use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec, GUEST_GPU_PACE};
 use gmig_vgpu::gm::{HostConfig, PartitionManager};
 use gmig_vgpu::migratable::parse_vgpu_type;
@@ -52,7 +52,7 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         // A real guest polls: its GPU keeps pace with its register accesses.
         gpu_pace: args.profile.is_none().then_some(GUEST_GPU_PACE),
         ram_by_vmm: args.ram_by_vmm,
-        remap: true,
+        remap: !args.x_no_remap,
         max_drain: args.max_drain.unwrap_or(if args.profile.is_some() {
             MigrationConfig::new(Policy::OneShotNarrow).max_drain
         } else {
@@ -64,7 +64,17 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         "listening",
         &format!("{} ({} vGPU)", args.socket.display(), args.vgpu_type),
     );
+    let dma_log = match args.x_dma_log.as_str() {
+        "on" => DmaLogControl::On,
+        "off" => DmaLogControl::Off,
+        "blind" => DmaLogControl::Blind,
+        other => return Err(anyhow!("--x-dma-log: on, off or blind, not `{other}`").into()),
+    };
     let mut server = Server::new(VgpuBackend::new(spec));
+    server.set_negative_controls(NegativeControls {
+        dma_log,
+        no_migration: args.x_no_migration,
+    });
     let mut served = 0u64;
     while args.clients.is_none_or(|n| served < n) {
         let (stream, _) = listener.accept().context("accepting a client")?;

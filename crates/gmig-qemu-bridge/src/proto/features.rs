@@ -67,3 +67,8 @@ impl Feature {
         self.flags & FEATURE_MASK
     }
 }
+
+/// vfio-user's own PRECOPY_INFO device feature (index 0x8000, from gmig's QEMU patches: the
+/// specification has no way to carry `VFIO_MIG_GET_PRECOPY_INFO`): GET, in PRE_COPY only;
+/// `u64 initial_bytes, u64 dirty_bytes`.
+pub const FEATURE_MIG_PRECOPY_INFO: u32 = 0x8000;

@@ -5,12 +5,14 @@ use gmig_vfio_migration::dma_log::MAX_RANGES;
 use gmig_vfio_migration::{DeviceState, IovaRange, ReadOutcome};
 
 use super::device::UserDevice;
+use super::state::DmaLogControl;
 use super::state::Server;
 use super::MAX_DATA_XFER;
 use crate::proto::{
     Errno, Feature, MigData, Put, Reader, DMA_LOGGING_CONTROL_LEN, DMA_LOGGING_REPORT_LEN,
     FEATURE_DMA_LOGGING_REPORT, FEATURE_DMA_LOGGING_START, FEATURE_DMA_LOGGING_STOP, FEATURE_GET,
-    FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_PROBE, FEATURE_SET,
+    FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_MIG_PRECOPY_INFO,
+    FEATURE_PROBE, FEATURE_SET,
 };
 
 impl<D: UserDevice> Server<D> {
@@ -25,6 +27,7 @@ impl<D: UserDevice> Server<D> {
             (FEATURE_MIGRATION | FEATURE_MIG_DEVICE_STATE | FEATURE_MIG_DATA_SIZE, FEATURE_GET) => {
                 8
             }
+            (FEATURE_MIG_PRECOPY_INFO, FEATURE_GET) => 16,
             _ => 0,
         };
         if (f.argsz as usize) < Feature::LEN + data.len().max(reply_data) {
@@ -44,9 +47,20 @@ impl<D: UserDevice> Server<D> {
         } else {
             Vec::new()
         };
+        let controls = self.controls;
+        let logging = matches!(
+            f.index(),
+            FEATURE_DMA_LOGGING_START | FEATURE_DMA_LOGGING_STOP | FEATURE_DMA_LOGGING_REPORT
+        );
+        if controls.no_migration || (logging && controls.dma_log == DmaLogControl::Off) {
+            return Err(libc::ENOTSUP);
+        }
         let h = self.device.migration().ok_or(libc::ENOTSUP)?;
         let (get, set) = match f.index() {
-            FEATURE_MIGRATION | FEATURE_MIG_DATA_SIZE | FEATURE_DMA_LOGGING_REPORT => (true, false),
+            FEATURE_MIGRATION
+            | FEATURE_MIG_DATA_SIZE
+            | FEATURE_DMA_LOGGING_REPORT
+            | FEATURE_MIG_PRECOPY_INFO => (true, false),
             FEATURE_MIG_DEVICE_STATE => (true, true),
             FEATURE_DMA_LOGGING_START | FEATURE_DMA_LOGGING_STOP => (false, true),
             _ => return Err(libc::ENOTSUP),
@@ -62,6 +76,12 @@ impl<D: UserDevice> Server<D> {
             (FEATURE_MIGRATION, FEATURE_GET) => out.put64(h.features().0),
             (FEATURE_MIG_DATA_SIZE, FEATURE_GET) => {
                 out.put64(h.stop_copy_size().map_err(|_| libc::EINVAL)?);
+            }
+            (FEATURE_MIG_PRECOPY_INFO, FEATURE_GET) => {
+                let id = h.open_stream().map(|s| s.id).ok_or(libc::EINVAL)?;
+                let info = h.precopy_info(id).map_err(|_| libc::EINVAL)?;
+                out.put64(info.initial_bytes);
+                out.put64(info.dirty_bytes);
             }
             (FEATURE_MIG_DEVICE_STATE, FEATURE_GET) => {
                 out.put32(h.state() as u32);
@@ -122,8 +142,9 @@ impl<D: UserDevice> Server<D> {
                     .dma_logging_report(iova, length, page_size)
                     .map_err(|e| dma_errno(&e))?;
                 out.extend_from_slice(data);
+                let blind = controls.dma_log == DmaLogControl::Blind;
                 for w in bitmap {
-                    out.put64(w);
+                    out.put64(if blind { 0 } else { w });
                 }
             }
             _ => return Err(libc::EINVAL),

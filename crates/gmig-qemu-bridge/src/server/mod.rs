@@ -37,7 +37,7 @@ mod wire;
 use std::time::Duration;
 
 pub use self::device::{Dma, IoEventFd, RegionMmap, UserDevice};
-pub use self::state::{Server, ServerError};
+pub use self::state::{DmaLogControl, NegativeControls, Server, ServerError};
 pub(crate) use self::wire::{recv_message_into, write_message};
 pub use crate::proto::Errno;
 

@@ -57,6 +57,30 @@ pub struct Server<D: UserDevice> {
     /// allocated afresh per MIG_DATA message costs more in page faults than the copy itself.
     pub(super) rx: Vec<u8>,
     pub(super) spare: Vec<u8>,
+    /// Features switched off for negative controls (all on by default).
+    pub(super) controls: NegativeControls,
+}
+
+/// How the server's DMA logging behaves: as specified, or switched off for a negative control.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DmaLogControl {
+    /// DMA logging as specified.
+    #[default]
+    On,
+    /// DMA_LOGGING_START / STOP / REPORT refused (`ENOTSUP`): the client must not migrate.
+    Off,
+    /// Accepted, but every report is empty: the pages the device writes are never reported.
+    Blind,
+}
+
+/// Features a test switches off to show that a migration depends on them (`gmig serve
+/// --x-dma-log`, `--x-no-migration`). Never for production.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NegativeControls {
+    /// DMA logging.
+    pub dma_log: DmaLogControl,
+    /// Offer no migration at all (DEVICE_FEATURE refused with `ENOTSUP`).
+    pub no_migration: bool,
 }
 
 impl<D: UserDevice> std::fmt::Debug for Server<D> {
@@ -104,7 +128,13 @@ impl<D: UserDevice> Server<D> {
             next_id: 0x8000,
             rx: Vec::new(),
             spare: Vec::new(),
+            controls: NegativeControls::default(),
         }
+    }
+
+    /// Switches features off for a negative control.
+    pub fn set_negative_controls(&mut self, controls: NegativeControls) {
+        self.controls = controls;
     }
 
     /// The device.

@@ -1,0 +1,608 @@
+//! QEMU live-migrates a gmig vGPU, with two QEMU processes and two `gmig serve` processes.
+//!
+//! QEMU 10.2.2 is built by `scripts/qemu/build.sh` with the patch series in
+//! `integrations/qemu/patches/` (see `integrations/qemu/README.md`): its vfio-user client then
+//! drives the vGPU through QEMU's generic VFIO migration v2 code — DEVICE_FEATURE over the socket,
+//! the device state in MIG_DATA_READ / MIG_DATA_WRITE messages, and the device's DMA logging for
+//! the guest pages the vGPU writes (QEMU moves guest RAM itself: `gmig serve --ram-by-vmm`).
+//!
+//! The source QEMU runs the guest GPU driver (`/bin/gmig-guest`) against `gmig serve` in host
+//! slot 0; the destination QEMU waits with `-incoming tcp:…` beside its own `gmig serve --slot 1`,
+//! so the vGPU's graphics addresses move and the destination remaps them. After the guest's
+//! `frame 32` line the source is told to `migrate`; `query-migrate` must end `completed` with the
+//! device's bytes in `vfio.transferred`, the destination's console must go on with the next
+//! frames (its serial file holds only what the guest printed after the switch-over), and its final
+//! checksum must equal an unmigrated run's. The reference run is the same guest in the same QEMU
+//! against a fresh `gmig serve`; `crates/gmig-cli/tests/qemu.rs` shows that it prints what
+//! `gmig vm run` prints (no QEMU), and with `GMIG_VM_REFERENCE=1` this file checks that too (slow
+//! here: `gmig vm run --frames 2000` took 5 minutes on these machines, where QEMU/TCG renders
+//! about 2000 frames a second).
+//!
+//! Negative controls, each where `gmig serve` has the hidden switch it needs (else SKIPPED, said
+//! loudly): a source whose DMA logging reports no page (`--x-dma-log blind`) gives the
+//! destination stale copies of what the vGPU wrote, and a different checksum; a source that
+//! offers no DMA logging (`--x-dma-log off`) makes QEMU refuse the migration with the reason; a
+//! destination that does not remap (`--x-no-remap`) faults; a server without migration
+//! (`--x-no-migration`) blocks it with the reason. A destination killed mid-stream leaves the
+//! source running, and its guest prints the reference checksum.
+//!
+//! The tests run one at a time (a lock): each runs up to three QEMUs under TCG.
+//!
+//! Skips (loudly) only where QEMU's source tarball is not beside the repository
+//! (`../shared/qemu`).
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gmig_test_support::qemu::{checksum_line, repo_root, Serve, Tools, Vm, VmSpec};
+use serde_json::Value;
+
+fn gmig() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_gmig"))
+}
+
+/// Frames the guest renders: enough that the migration (about a second here) ends well before
+/// the guest does, at QEMU/TCG's ~2000 frames a second on two busy cores.
+const FRAMES: u32 = 20_000;
+/// The frame after which the source is told to migrate.
+const MIGRATE_AFTER: u32 = 32;
+/// Guest RAM: small, so that QEMU's RAM pre-copy is short.
+const RAM_MIB: u64 = 256;
+
+/// One test at a time: each runs several QEMUs.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// QEMU (with the migration patches) and the guest, or `None` (said loudly) where QEMU's source
+/// is not here. A source that is here but does not build fails the test.
+fn tools(dir: &Path) -> Option<Tools> {
+    let shared = std::env::var_os("GMIG_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"));
+    let tarball = shared.join("qemu/qemu_10.2.2+ds.orig.tar.xz");
+    if !tarball.exists() {
+        eprintln!(
+            "SKIPPED: QEMU's source tarball is not at {}: the QEMU tests cannot build QEMU here",
+            tarball.display()
+        );
+        return None;
+    }
+    let tools = Tools::get(dir).unwrap_or_else(|e| panic!("QEMU or the guest did not build: {e}"));
+    // The patched vfio-user-pci has `enable-migration`; stock 10.2.2's has not.
+    let out = Command::new(&tools.qemu)
+        .args(["-device", "vfio-user-pci,help"])
+        .output()
+        .expect("qemu -device vfio-user-pci,help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("enable-migration"),
+        "{} has no vfio-user migration (are integrations/qemu/patches/*.patch there?):\n{help}",
+        tools.qemu.display()
+    );
+    Some(tools)
+}
+
+/// Whether `gmig serve` takes `flag` (the hidden negative-control switches).
+fn serve_takes(flag: &[&str]) -> bool {
+    Command::new(gmig())
+        .args(["serve", "--socket", "/nonexistent/x.sock"])
+        .args(flag)
+        .arg("--help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Skips (loudly) a control whose `gmig serve` switch is missing.
+fn control_available(flag: &[&str], what: &str) -> bool {
+    if serve_takes(flag) {
+        return true;
+    }
+    eprintln!(
+        "SKIPPED: `gmig serve {}` is not there: no negative control for {what}",
+        flag.join(" ")
+    );
+    false
+}
+
+/// The guest: the GPU driver with `profile` for `frames` frames.
+fn guest(socket: &Path, profile: &str, frames: u32, extra: Vec<String>) -> VmSpec {
+    VmSpec {
+        gpus: vec![socket.to_path_buf()],
+        run: Some(format!(
+            "/bin/gmig-guest,--profile,{profile},--frames,{frames}"
+        )),
+        ram_mib: RAM_MIB,
+        extra,
+        ..VmSpec::default()
+    }
+}
+
+/// The checksum line of an unmigrated run of the same guest in the same QEMU (once per profile
+/// and frame count).
+fn reference(tools: &Tools, dir: &Path, profile: &str, frames: u32) -> String {
+    static DONE: Mutex<Option<HashMap<(String, u32), String>>> = Mutex::new(None);
+    let key = (profile.to_string(), frames);
+    if let Some(c) = DONE.lock().unwrap().get_or_insert_default().get(&key) {
+        return c.clone();
+    }
+    let name = format!("ref-{profile}");
+    let serve = Serve::start(gmig(), dir, &name, &["--clients", "1"]);
+    let mut vm = Vm::start(
+        tools,
+        &guest(&serve.socket, profile, frames, vec![]),
+        dir,
+        &name,
+    );
+    let status = vm.wait_exit(Duration::from_secs(600));
+    let console = vm.console();
+    assert!(
+        status.is_some_and(|s| s.success()) && console.contains("GMIG-GUEST: exit 0"),
+        "the unmigrated reference run failed: {status:?}\n{console}\n{}\n{}",
+        vm.stderr_text(),
+        serve.log_text()
+    );
+    let line = checksum_line(&console).expect("no checksum in the reference run");
+    assert!(line.contains(" failures 0"), "{line}");
+    if std::env::var_os("GMIG_VM_REFERENCE").is_some() {
+        let out = Command::new(gmig())
+            .args(["vm", "run", "--profile", profile, "--frames"])
+            .arg(frames.to_string())
+            .output()
+            .expect("gmig vm run");
+        let vm_line = checksum_line(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(
+            vm_line.as_deref(),
+            Some(line.as_str()),
+            "QEMU vs gmig vm run"
+        );
+    }
+    DONE.lock()
+        .unwrap()
+        .get_or_insert_default()
+        .insert(key, line.clone());
+    line
+}
+
+/// A TCP port nobody listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// The frame numbers of the guest's `frame N sum …` lines.
+fn frames(console: &str) -> Vec<u32> {
+    console
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("frame "))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// One QMP command; its `return` (panics on an error answer).
+fn qmp(vm: &mut Vm, cmd: &str) -> Value {
+    let mut events = Vec::new();
+    let answer = vm.qmp(cmd, &mut events).expect("QMP");
+    let v: Value = serde_json::from_str(&answer).expect("QMP answer is JSON");
+    assert!(v.get("return").is_some(), "{cmd}: {answer}");
+    v["return"].clone()
+}
+
+/// Source and destination: two `gmig serve` (slots 0 and 1) and two QEMUs.
+struct Pair {
+    src_serve: Serve,
+    dst_serve: Serve,
+    src: Vm,
+    dst: Vm,
+    port: u16,
+}
+
+impl Pair {
+    /// Starts the four processes; their files in `dir` are named after `tag`.
+    fn start(
+        tools: &Tools,
+        dir: &Path,
+        tag: &str,
+        profile: &str,
+        src_args: &[&str],
+        dst_args: &[&str],
+    ) -> Pair {
+        let port = free_port();
+        let src_serve = Serve::start(gmig(), dir, &format!("{tag}-src-gpu"), src_args);
+        let mut args = vec!["--slot", "1"];
+        args.extend_from_slice(dst_args);
+        let dst_serve = Serve::start(gmig(), dir, &format!("{tag}-dst-gpu"), &args);
+        let incoming = vec!["-incoming".to_string(), format!("tcp:127.0.0.1:{port}")];
+        let dst = Vm::start(
+            tools,
+            &guest(&dst_serve.socket, profile, FRAMES, incoming),
+            dir,
+            &format!("{tag}-dst"),
+        );
+        let src = Vm::start(
+            tools,
+            &guest(&src_serve.socket, profile, FRAMES, vec![]),
+            dir,
+            &format!("{tag}-src"),
+        );
+        Pair {
+            src_serve,
+            dst_serve,
+            src,
+            dst,
+            port,
+        }
+    }
+
+    /// What all four processes said, for failure messages.
+    fn logs(&self) -> String {
+        format!(
+            "--- source console:\n{}\n--- source QEMU:\n{}\n--- source server:\n{}\n\
+             --- destination console:\n{}\n--- destination QEMU:\n{}\n--- destination server:\n{}",
+            self.src.console(),
+            self.src.stderr_text(),
+            self.src_serve.log_text(),
+            self.dst.console(),
+            self.dst.stderr_text(),
+            self.dst_serve.log_text()
+        )
+    }
+
+    /// Waits for the guest's `frame MIGRATE_AFTER` line on the source.
+    fn wait_rendering(&mut self) {
+        let after = format!("frame {MIGRATE_AFTER} ");
+        assert!(
+            self.src
+                .wait_for(Duration::from_secs(300), |l| l.starts_with(&after)),
+            "the source guest did not render:\n{}",
+            self.logs()
+        );
+    }
+
+    /// Sends `migrate` (with `params` set first); the answer (`return` or `error`).
+    fn start_migration(&mut self, params: &str) -> String {
+        qmp(
+            &mut self.src,
+            &format!(r#"{{"execute":"migrate-set-parameters","arguments":{params}}}"#),
+        );
+        let mut events = Vec::new();
+        self.src
+            .qmp(
+                &format!(
+                    r#"{{"execute":"migrate","arguments":{{"uri":"tcp:127.0.0.1:{}"}}}}"#,
+                    self.port
+                ),
+                &mut events,
+            )
+            .expect("QMP migrate")
+    }
+
+    /// Polls `query-migrate` on the source until it ends; its last answer.
+    fn wait_migration(&mut self) -> Value {
+        let t = Instant::now();
+        loop {
+            let q = qmp(&mut self.src, r#"{"execute":"query-migrate"}"#);
+            let status = q["status"].as_str().unwrap_or("").to_string();
+            if matches!(status.as_str(), "completed" | "failed" | "cancelled") {
+                return q;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(300),
+                "the migration did not end: {q}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Renders, migrates after `frame MIGRATE_AFTER` and returns `query-migrate`'s end.
+    fn migrate(&mut self) -> Value {
+        self.wait_rendering();
+        let answer = self.start_migration(r#"{"downtime-limit":300}"#);
+        assert!(
+            answer.contains("\"return\""),
+            "migrate: {answer}\n{}",
+            self.logs()
+        );
+        self.wait_migration()
+    }
+
+    /// The destination guest's end: waits for its QEMU to exit; its console.
+    fn finish(&mut self) -> String {
+        let status = self.dst.wait_exit(Duration::from_secs(600));
+        let console = self.dst.console();
+        assert!(
+            status.is_some(),
+            "the destination guest did not finish:\n{}",
+            self.logs()
+        );
+        console
+    }
+}
+
+/// The device's bytes in a `query-migrate` answer.
+fn vfio_bytes(q: &Value) -> u64 {
+    q["vfio"]["transferred"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn qemu_live_migrates_the_vgpu_to_another_slot_and_the_guest_renders_on() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    let want = reference(&tools, dir.path(), "desktop", FRAMES);
+    let mut p = Pair::start(&tools, dir.path(), "live", "desktop", &[], &[]);
+    let q = p.migrate();
+    eprintln!("query-migrate: {q}");
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    // QEMU's VFIO migration moved the device's state (stock 10.2.2 says 0 here).
+    assert!(vfio_bytes(&q) > 0, "no device state moved: {q}");
+    eprintln!(
+        "migration: downtime {} ms, total {} ms, vfio {} bytes, RAM {} bytes",
+        q["downtime"], q["total-time"], q["vfio"]["transferred"], q["ram"]["transferred"]
+    );
+    let src_state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    assert_eq!(src_state["status"], "postmigrate", "{src_state}");
+
+    let console = p.finish();
+    let logs = p.logs();
+    // The guest went on where it stopped: the source printed up to some frame L, the
+    // destination prints from the next progress line on, to the end.
+    let before = frames(&p.src.console());
+    let after = frames(&console);
+    let last_src = *before.last().expect("the source printed no frame");
+    let first_dst = *after.first().unwrap_or_else(|| {
+        panic!("the destination rendered no frame after the switch-over:\n{logs}")
+    });
+    eprintln!(
+        "source printed frames {}..={last_src}, destination {first_dst}..={} ({} progress lines)",
+        before[0],
+        after.last().unwrap(),
+        after.len()
+    );
+    assert!(
+        last_src < FRAMES,
+        "the guest finished on the source:\n{logs}"
+    );
+    assert!(
+        first_dst > last_src && first_dst <= last_src + 32,
+        "the destination's frames do not follow the source's ({last_src} then {first_dst}):\n{logs}"
+    );
+    assert_eq!(after.last().copied(), Some(FRAMES), "{logs}");
+    assert!(
+        !p.src.console().contains("checksum"),
+        "the source guest finished: {logs}"
+    );
+    // The destination rendered what an unmigrated guest renders.
+    assert!(console.contains("GMIG-GUEST: exit 0"), "{logs}");
+    assert_eq!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "the migrated guest's checksum differs from an unmigrated run's:\n{logs}"
+    );
+    for bad in ["fault", "ERROR"] {
+        assert!(
+            !p.dst_serve.log_text().contains(bad),
+            "the destination server logged {bad}:\n{logs}"
+        );
+    }
+}
+
+#[test]
+fn the_pages_the_vgpu_writes_reach_the_destination_through_dma_logging() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    // The compute profile rewrites scattered words of one buffer with the GPU every frame (no
+    // CPU write there), and folds a copy of it: a page the GPU wrote after QEMU sent it, and that
+    // the destination lacks, shows in every later frame.
+    let want = reference(&tools, dir.path(), "compute", FRAMES);
+    let mut p = Pair::start(&tools, dir.path(), "logged", "compute", &[], &[]);
+    let q = p.migrate();
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    assert!(vfio_bytes(&q) > 0, "{q}");
+    let console = p.finish();
+    assert_eq!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "{}",
+        p.logs()
+    );
+    drop(p);
+
+    // Negative control: the source's device reports no dirty page.
+    if !control_available(
+        &["--x-dma-log", "blind"],
+        "DMA logging that reports nothing",
+    ) {
+        return;
+    }
+    let mut p = Pair::start(
+        &tools,
+        dir.path(),
+        "blind",
+        "compute",
+        &["--x-dma-log", "blind"],
+        &[],
+    );
+    let q = p.migrate();
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    let console = p.finish();
+    let got = checksum_line(&console);
+    eprintln!("blind DMA logging: {got:?} (unmigrated: {want})");
+    assert_ne!(
+        got.as_deref(),
+        Some(want.as_str()),
+        "without the vGPU's dirty pages the destination still rendered the reference:\n{}",
+        p.logs()
+    );
+}
+
+#[test]
+fn without_dma_logging_qemu_refuses_to_migrate_and_says_why() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    if !control_available(&["--x-dma-log", "off"], "a device without DMA logging") {
+        return;
+    }
+    let mut p = Pair::start(
+        &tools,
+        dir.path(),
+        "nolog",
+        "desktop",
+        &["--x-dma-log", "off"],
+        &[],
+    );
+    p.wait_rendering();
+    let answer = p.start_migration(r#"{"downtime-limit":300}"#);
+    eprintln!("migrate: {answer}");
+    assert!(
+        answer.contains("\"error\"") && answer.contains("dirty tracking"),
+        "QEMU migrated a device that cannot report what it writes: {answer}\n{}",
+        p.logs()
+    );
+    // The guest goes on on the source.
+    let state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    assert_eq!(state["status"], "running", "{state}");
+}
+
+#[test]
+fn a_server_without_migration_blocks_it_with_the_reason() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    if !control_available(&["--x-no-migration"], "a server without migration") {
+        return;
+    }
+    let mut p = Pair::start(
+        &tools,
+        dir.path(),
+        "nomig",
+        "desktop",
+        &["--x-no-migration"],
+        &[],
+    );
+    p.wait_rendering();
+    let answer = p.start_migration(r#"{"downtime-limit":300}"#);
+    eprintln!("migrate: {answer}");
+    assert!(
+        answer.contains("\"error\"") && answer.contains("does not support migration"),
+        "{answer}\n{}",
+        p.logs()
+    );
+}
+
+#[test]
+fn without_remapping_the_destination_vgpu_faults() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    if !control_available(&["--x-no-remap"], "a destination that does not remap") {
+        return;
+    }
+    let want = reference(&tools, dir.path(), "desktop", FRAMES);
+    let mut p = Pair::start(
+        &tools,
+        dir.path(),
+        "noremap",
+        "desktop",
+        &[],
+        &["--x-no-remap"],
+    );
+    let q = p.migrate();
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    // The guest's GPU addresses now point outside the destination vGPU's slices: its GPU
+    // faults and the guest times out, or at best renders something else.
+    let faulted = p.dst.wait_for(Duration::from_secs(120), |l| {
+        l.contains("seqno timeout") || l.starts_with("checksum")
+    });
+    let console = p.dst.console();
+    let server = p.dst_serve.log_text();
+    eprintln!(
+        "no remap: guest {:?}, server faults {}",
+        checksum_line(&console),
+        server.matches("GPU fault").count()
+    );
+    assert!(
+        faulted,
+        "the destination guest neither failed nor finished:\n{}",
+        p.logs()
+    );
+    assert!(
+        server.contains("GPU fault") || console.contains("seqno timeout"),
+        "no fault without remapping:\n{}",
+        p.logs()
+    );
+    assert_ne!(checksum_line(&console).as_deref(), Some(want.as_str()));
+}
+
+#[test]
+fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    let want = reference(&tools, dir.path(), "desktop", FRAMES);
+    let mut p = Pair::start(&tools, dir.path(), "killed", "desktop", &[], &[]);
+    p.wait_rendering();
+    // Slow enough (32 MiB/s) that the stream is still running when the destination dies.
+    let answer = p.start_migration(r#"{"downtime-limit":300,"max-bandwidth":33554432}"#);
+    assert!(answer.contains("\"return\""), "migrate: {answer}");
+    let t = Instant::now();
+    loop {
+        let q = qmp(&mut p.src, r#"{"execute":"query-migrate"}"#);
+        assert!(
+            q["status"] == "setup" || q["status"] == "active",
+            "the migration ended first: {q}\n{}",
+            p.logs()
+        );
+        if q["ram"]["transferred"].as_u64().unwrap_or(0) > 8 << 20 {
+            eprintln!("killing the destination at: {q}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "{q}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    p.dst.kill();
+    let q = p.wait_migration();
+    eprintln!("query-migrate: {q}");
+    assert_eq!(q["status"], "failed", "{q}");
+    let state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    assert_eq!(state["status"], "running", "{state}\n{}", p.logs());
+    // The source's device went back to RUNNING and the guest finishes there, unharmed.
+    let status = p.src.wait_exit(Duration::from_secs(600));
+    let console = p.src.console();
+    assert!(
+        status.is_some_and(|s| s.success()) && console.contains("GMIG-GUEST: exit 0"),
+        "{status:?}\n{}",
+        p.logs()
+    );
+    assert_eq!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "{}",
+        p.logs()
+    );
+}
