@@ -27,7 +27,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use gmig_test_support::qemu::{checksum_line, repo_root, Serve, Tools, Vm, VmSpec};
+use gmig_test_support::qemu::{
+    checksum_line, qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec,
+};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
@@ -97,15 +99,7 @@ fn is_root() -> bool {
 
 /// QEMU and the guest, or `None` (said loudly) where QEMU's source is not here.
 fn tools(dir: &Path) -> Option<Tools> {
-    let shared = std::env::var_os("GMIG_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let tarball = shared.join("qemu/qemu_10.2.2+ds.orig.tar.xz");
-    if !tarball.exists() {
-        eprintln!(
-            "SKIPPED: QEMU's source tarball is not at {}: QEMU cannot be built here",
-            tarball.display()
-        );
+    if !qemu_source_present() {
         return None;
     }
     Some(Tools::get(dir).unwrap_or_else(|e| panic!("QEMU or the guest did not build: {e}")))

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gmig_test_support::qemu::{checksum_line, repo_root, Serve, Tools, Vm, VmSpec};
+use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools, Vm, VmSpec};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
@@ -23,15 +23,7 @@ fn gmig() -> &'static Path {
 /// QEMU and the guest, or `None` (said loudly) where QEMU's source is not here. A source that is
 /// here but does not build fails the test.
 fn tools(dir: &Path) -> Option<Tools> {
-    let shared = std::env::var_os("GMIG_SHARED")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let tarball = shared.join("qemu/qemu_10.2.2+ds.orig.tar.xz");
-    if !tarball.exists() {
-        eprintln!(
-            "SKIPPED: QEMU's source tarball is not at {}: the QEMU tests cannot build QEMU here",
-            tarball.display()
-        );
+    if !qemu_source_present() {
         return None;
     }
     Some(Tools::get(dir).unwrap_or_else(|e| panic!("QEMU or the guest did not build: {e}")))

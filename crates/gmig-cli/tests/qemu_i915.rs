@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gmig_test_support::qemu::{repo_root, Serve, Tools, Vm, VmSpec};
+use gmig_test_support::qemu::{qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec};
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 
 fn gmig() -> &'static Path {
@@ -77,15 +77,7 @@ fn script(args: &[&str]) -> Vec<String> {
 /// QEMU and a guest with i915 and the probe script, or `None` (said loudly) where QEMU's source
 /// is not here.
 fn tools(dir: &Path) -> Option<Tools> {
-    let shared = std::env::var_os("GMIG_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let tarball = shared.join("qemu/qemu_10.2.2+ds.orig.tar.xz");
-    if !tarball.exists() {
-        eprintln!(
-            "SKIPPED: QEMU's source tarball is not at {}: the QEMU tests cannot build QEMU here",
-            tarball.display()
-        );
+    if !qemu_source_present() {
         return None;
     }
     let qemu = script(&["scripts/qemu/build.sh"])

@@ -33,12 +33,12 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gmig_test_support::qemu::{checksum_line, repo_root, Serve, Tools, Vm, VmSpec};
+use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools, Vm, VmSpec};
 use serde_json::Value;
 
 fn gmig() -> &'static Path {
@@ -63,15 +63,7 @@ fn serial() -> MutexGuard<'static, ()> {
 /// QEMU (with the migration patches) and the guest, or `None` (said loudly) where QEMU's source
 /// is not here. A source that is here but does not build fails the test.
 fn tools(dir: &Path) -> Option<Tools> {
-    let shared = std::env::var_os("GMIG_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let tarball = shared.join("qemu/qemu_10.2.2+ds.orig.tar.xz");
-    if !tarball.exists() {
-        eprintln!(
-            "SKIPPED: QEMU's source tarball is not at {}: the QEMU tests cannot build QEMU here",
-            tarball.display()
-        );
+    if !qemu_source_present() {
         return None;
     }
     let tools = Tools::get(dir).unwrap_or_else(|e| panic!("QEMU or the guest did not build: {e}"));

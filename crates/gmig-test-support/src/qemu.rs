@@ -20,6 +20,23 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// Whether QEMU's source tarball is beside the repository (`../shared/qemu`, or `$GMIG_SHARED`),
+/// so the QEMU tests can build QEMU; says loudly that they skip when it is not.
+pub fn qemu_source_present() -> bool {
+    let shared = std::env::var_os("GMIG_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"));
+    let tarball = shared.join("qemu/qemu_10.2.2+ds.orig.tar.xz");
+    if tarball.exists() {
+        return true;
+    }
+    eprintln!(
+        "SKIPPED: QEMU's source tarball is not at {}: the QEMU tests cannot build QEMU here",
+        tarball.display()
+    );
+    false
+}
+
 /// Runs a script of the repository and returns its stdout lines, or why it failed.
 fn script(args: &[&str]) -> Result<Vec<String>, String> {
     let root = repo_root();
