@@ -87,20 +87,8 @@ fn a_linux_guest_in_qemu_enumerates_the_vgpu_and_renders_what_gmig_vm_renders() 
         )),
         ..VmSpec::default()
     };
-    let started = std::time::Instant::now();
     let mut vm = Vm::start(&tools, &spec, dir.path(), "qemu");
-    let status = vm.wait_exit(Duration::from_secs(600));
-    let console = vm.console();
-    eprintln!(
-        "QEMU ran {:.1} s; console:\n{console}\nQEMU stderr:\n{}\nserver log:\n{}",
-        started.elapsed().as_secs_f64(),
-        vm.stderr_text(),
-        serve.log_text()
-    );
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "QEMU did not power off cleanly: {status:?}"
-    );
+    let console = vm.run_to_poweroff(Duration::from_secs(600), &serve);
     // The guest's PCI core found the vGPU with the documented ids and BAR sizes.
     let line = vgpu_line(&console).expect("the guest did not enumerate an Intel device");
     let (device, bar0, bar2) = expected_ids();

@@ -177,20 +177,8 @@ fn linux_i915_probes_the_vgpu_as_a_gvt_g_guest() {
         run: Some("/bin/i915-probe,300".into()),
         ..VmSpec::default()
     };
-    let started = std::time::Instant::now();
     let mut vm = Vm::start(&tools, &spec, dir.path(), "i915");
-    let status = vm.wait_exit(Duration::from_secs(900));
-    let console = vm.console();
-    eprintln!(
-        "QEMU ran {:.1} s; console:\n{console}\nQEMU stderr:\n{}\nserver log:\n{}",
-        started.elapsed().as_secs_f64(),
-        vm.stderr_text(),
-        serve.log_text()
-    );
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "QEMU did not power off cleanly: {status:?}"
-    );
+    let console = vm.run_to_poweroff(Duration::from_secs(900), &serve);
     let has = |l: &str| console.lines().any(|c| c.trim_end_matches('\r') == l);
     assert!(has("GMIG-I915: modprobe exit 0"), "modprobe i915 failed");
     // The vGPU's PCI address, as the guest's PCI core enumerated it.

@@ -187,6 +187,7 @@ pub struct Vm {
     pub stderr: PathBuf,
     qmp_path: PathBuf,
     qmp: Option<BufReader<UnixStream>>,
+    started: Instant,
 }
 
 impl Vm {
@@ -270,6 +271,7 @@ impl Vm {
             stderr,
             qmp_path: dir.join(format!("{name}.qmp")),
             qmp: None,
+            started: Instant::now(),
         }
     }
 
@@ -310,6 +312,24 @@ impl Vm {
         let _ = self.child.kill();
         let _ = self.child.wait();
         None
+    }
+
+    /// Waits up to `limit` for the guest to power QEMU off, prints the console, QEMU's stderr and
+    /// `serve`'s log, asserts that QEMU exited cleanly, and returns the console.
+    pub fn run_to_poweroff(&mut self, limit: Duration, serve: &Serve) -> String {
+        let status = self.wait_exit(limit);
+        let console = self.console();
+        eprintln!(
+            "QEMU ran {:.1} s; console:\n{console}\nQEMU stderr:\n{}\nserver log:\n{}",
+            self.started.elapsed().as_secs_f64(),
+            self.stderr_text(),
+            serve.log_text()
+        );
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "QEMU did not power off cleanly: {status:?}"
+        );
+        console
     }
 
     /// Sends one QMP command (JSON) and returns its answer (`return` or `error`), connecting
