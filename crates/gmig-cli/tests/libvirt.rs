@@ -15,8 +15,11 @@
 //! own vGPU slot. `virsh migrate --live --verbose DOMAIN URI` must complete. With stock QEMU
 //! (no `integrations/qemu/patches/*.patch`) QEMU moves no vGPU state: the test asserts that the
 //! destination's guest then finds its vGPU blank (issue 31 documents this silent loss); with the
-//! patches it asserts that the destination's guest renders on after the switch-over and ends
-//! with the checksum of an unmigrated QEMU run of the same guest.
+//! patches it asserts that the destination's guest renders on after the switch-over, that every
+//! running sum it prints (`frame N sum S`) and its final checksum equal an unmigrated QEMU run's
+//! of the same guest; then, as a negative control, the same migration to a destination whose
+//! server does not remap (`args = --x-no-remap` in the hook's configuration) must stall or
+//! differ.
 //!
 //! Skips (loudly) only where libvirtd cannot run here (not root, libvirt's packages not
 //! installable, no mount namespaces), where QEMU's source tarball is absent, or (the `gmig vm
@@ -121,7 +124,7 @@ fn reference(frames: u32) -> Option<String> {
     checksum_line(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// The checksum line of the same guest in QEMU without libvirt and without migration
+/// The console of the same guest in QEMU without libvirt and without migration
 /// (`scripts/qemu/run.sh`'s VM: -cpu max, memfd RAM, `gmig serve --ram-by-vmm`).
 fn unmigrated(tools: &Tools, dir: &Path, frames: u32, ram_mib: u64) -> String {
     std::fs::create_dir_all(dir).unwrap();
@@ -142,7 +145,11 @@ fn unmigrated(tools: &Tools, dir: &Path, frames: u32, ram_mib: u64) -> String {
         "the unmigrated run failed ({status:?}):\n{console}\n{}",
         vm.stderr_text()
     );
-    checksum_line(&console).expect("no checksum line in the unmigrated run")
+    assert!(
+        checksum_line(&console).is_some(),
+        "no checksum line in the unmigrated run:\n{console}"
+    );
+    console
 }
 
 /// Whether QEMU carries gmig's migration patches (scripts/qemu/build.sh applies every one).
@@ -341,10 +348,6 @@ fn define(d: &Daemon, dir: &Path, name: &str, xml: &str) {
     d.ok(&["define", &path.to_string_lossy()]);
 }
 
-fn frames_in(console: &str) -> usize {
-    console.lines().filter(|l| l.starts_with("frame ")).count()
-}
-
 #[test]
 fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     if !libvirt_ready() {
@@ -437,6 +440,113 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     eprintln!("test took {:.1} s in all", started.elapsed().as_secs_f64());
 }
 
+/// The `frame N sum S` lines of a console, by frame number.
+fn frame_sums(console: &str) -> std::collections::BTreeMap<u64, String> {
+    console
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next(), w.next()) {
+                (Some("frame"), Some(n), Some("sum"), Some(s)) => {
+                    Some((n.parse().ok()?, s.to_string()))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Frames the migrated guest renders: enough that it still renders at the switch-over (it
+/// starts after frame 64 and takes seconds under TCG here) and a few seconds on the destination.
+const MIGRATED_FRAMES: u32 = 40_000;
+
+/// A domain started on `src`, rendering, then `virsh migrate --live --verbose` to `dst`: the
+/// migration's output, after the source shut the domain off and the destination runs it.
+fn migrate_rendering_domain(
+    src: &Daemon,
+    dst: &Daemon,
+    tools: &Tools,
+    scratch: &Path,
+    name: &str,
+    frames: u32,
+) {
+    define(src, scratch, name, &domain_xml(tools, name, frames, 512));
+    src.ok(&["start", name]);
+    assert!(
+        src.wait_serial(name, Duration::from_secs(120), |c| c
+            .lines()
+            .any(|l| l.starts_with("frame 64 "))),
+        "the guest did not render on the source:\n{}\n{}",
+        src.serial(name),
+        src.logs()
+    );
+    // The command of the recipe: the client (virsh) talks to both daemons; QEMU's stream goes
+    // over the veth pair to the destination's migration_host.
+    let t = Instant::now();
+    let o = src.virsh(&["migrate", "--live", "--verbose", name, &dst.uri]);
+    let migrate_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "virsh migrate --live --verbose {name} {} ({migrate_s:.1} s, {}):\n{}",
+        dst.uri,
+        o.status,
+        text(&o)
+    );
+    let source_console = src.serial(name);
+    assert!(
+        !source_console.contains("GMIG-GUEST: exit"),
+        "the guest finished on the source before the switch-over: raise the frame count\n{}",
+        source_console
+    );
+    assert!(
+        o.status.success(),
+        "virsh migrate failed: {}\n{}\n{}",
+        text(&o),
+        src.logs(),
+        dst.logs()
+    );
+    assert_eq!(dst.state(name), "running", "{}", dst.logs());
+    assert!(
+        src.wait_state(name, "shut off", Duration::from_secs(30)),
+        "the source still runs the domain: {}",
+        src.state(name)
+    );
+    eprintln!("{}", dst.ok(&["domjobinfo", name, "--completed"]));
+    // The destination's hook served the vGPU in its own slot; the source's released its own.
+    let dst_hook = dst.file("log/gmig-hook.log");
+    assert!(
+        dst_hook.contains(&format!("on /run/gmig/{name}.sock, type 64+384, slot 1")),
+        "{dst_hook}"
+    );
+    let t = Instant::now();
+    while src.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        src.servers(name),
+        0,
+        "the source kept its server:\n{}",
+        src.logs()
+    );
+    assert_eq!(dst.servers(name), 1, "{}", dst.logs());
+}
+
+/// Destroys a migrated domain on `dst` (its hook's release stops the server) and undefines it
+/// on `src`.
+fn retire(src: &Daemon, dst: &Daemon, name: &str) {
+    let _ = dst.virsh(&["destroy", name]);
+    let t = Instant::now();
+    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        dst.servers(name),
+        0,
+        "release left a server:\n{}",
+        dst.logs()
+    );
+    src.ok(&["undefine", name]);
+}
+
 #[test]
 fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     if !libvirt_ready() {
@@ -447,22 +557,9 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         return;
     };
     let patched = qemu_patched();
-    if patched {
-        // Measured 2026-11-26 with the five patches of integrations/qemu/patches: the QMP-driven
-        // migration works (tests/qemu_migrate.rs), but under libvirt 9.0 the destination QEMU
-        // stops at once with "Getting RAM address failed" while loading the stream, the gmig
-        // server sees the client leave mid-RESUMING, and `virsh migrate` answers "domain is no
-        // longer running". Not understood yet (issue 31): said here instead of asserted.
-        eprintln!(
-            "SKIPPED: virsh migrate with gmig's patched QEMU fails on the destination (\"Getting \
-             RAM address failed\"; issue 31, open); the stock-QEMU branch of this test runs \
-             without the patches"
-        );
-        return;
-    }
     // With the patches the guest must still be rendering at the switch-over and finish on the
     // destination; without them it renders for ever (its vGPU goes blank).
-    let frames = if patched { 8000 } else { 1_000_000 };
+    let frames = if patched { MIGRATED_FRAMES } else { 1_000_000 };
     // The reference for thousands of frames: `gmig vm run` is far too slow for that many here
     // (KVM exits), so an unmigrated QEMU run of the same guest, beside the migration.
     let want = {
@@ -496,91 +593,9 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         ],
     );
     let name = "gmig-mig";
-    define(
-        &src,
-        dir.path(),
-        name,
-        &domain_xml(&tools, name, frames, 512),
-    );
-    src.ok(&["start", name]);
-    assert!(
-        src.wait_serial(name, Duration::from_secs(120), |c| c
-            .lines()
-            .any(|l| l.starts_with("frame 64 "))),
-        "the guest did not render on the source:\n{}\n{}",
-        src.serial(name),
-        src.logs()
-    );
+    migrate_rendering_domain(&src, &dst, &tools, dir.path(), name, frames);
 
-    // The command of the recipe: the client (virsh) talks to both daemons; QEMU's stream goes
-    // over the veth pair to the destination's migration_host.
-    let t = Instant::now();
-    let o = src.virsh(&["migrate", "--live", "--verbose", name, &dst.uri]);
-    let migrate_s = t.elapsed().as_secs_f64();
-    eprintln!(
-        "virsh migrate --live --verbose {name} {} ({migrate_s:.1} s, {}):\n{}",
-        dst.uri,
-        o.status,
-        text(&o)
-    );
-    assert!(
-        o.status.success(),
-        "virsh migrate failed: {}\n{}\n{}",
-        text(&o),
-        src.logs(),
-        dst.logs()
-    );
-    assert_eq!(dst.state(name), "running", "{}", dst.logs());
-    assert!(
-        src.wait_state(name, "shut off", Duration::from_secs(30)),
-        "the source still runs the domain: {}",
-        src.state(name)
-    );
-    eprintln!("{}", dst.ok(&["domjobinfo", name, "--completed"]));
-    // The destination's hook served the vGPU in its own slot; the source's released its own.
-    let dst_hook = dst.file("log/gmig-hook.log");
-    assert!(
-        dst_hook.contains(&format!("on /run/gmig/{name}.sock, type 64+384, slot 1")),
-        "{dst_hook}"
-    );
-    let t = Instant::now();
-    while src.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(
-        src.servers(name),
-        0,
-        "the source kept its server:\n{}",
-        src.logs()
-    );
-    assert_eq!(dst.servers(name), 1, "{}", dst.logs());
-
-    if patched {
-        let done = dst.wait_serial(name, Duration::from_secs(300), |c| {
-            c.contains("GMIG-GUEST: exit")
-        });
-        let console = dst.serial(name);
-        assert!(
-            done,
-            "the guest did not finish on the destination:\n{console}"
-        );
-        let after = frames_in(&console);
-        eprintln!("the destination's guest printed {after} frame lines after the switch-over");
-        assert!(
-            after > 0,
-            "the destination's guest rendered nothing:\n{console}"
-        );
-        assert!(
-            console.contains("GMIG-GUEST: exit 0") && !console.contains("seqno timeout"),
-            "the destination's guest failed:\n{console}"
-        );
-        let got = checksum_line(&console).expect("no checksum line");
-        let want = want.join().unwrap().expect("no unmigrated run");
-        assert_eq!(
-            got, want,
-            "the migrated guest's checksum differs from an unmigrated run's"
-        );
-    } else {
+    if !patched {
         // Stock QEMU: the migration completed, and the destination's vGPU is blank under the
         // running guest (its submissions never complete): the silent loss of issue 31.
         let blank = dst.wait_serial(name, Duration::from_secs(60), |c| {
@@ -601,19 +616,91 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
              device state); its console:\n{}",
             dst.serial(name)
         );
+        retire(&src, &dst, name);
+        eprintln!("test took {:.1} s in all", started.elapsed().as_secs_f64());
+        return;
     }
 
-    let _ = dst.virsh(&["destroy", name]);
-    let t = Instant::now();
-    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
+    let done = dst.wait_serial(name, Duration::from_secs(300), |c| {
+        c.contains("GMIG-GUEST: exit")
+    });
+    let console = dst.serial(name);
+    assert!(
+        done,
+        "the guest did not finish on the destination:\n{console}"
+    );
+    assert!(
+        console.contains("GMIG-GUEST: exit 0") && !console.contains("seqno timeout"),
+        "the destination's guest failed:\n{console}"
+    );
+    let reference = want.join().unwrap().expect("no unmigrated run");
+    let (before, after, want_sums) = (
+        frame_sums(&src.serial(name)),
+        frame_sums(&console),
+        frame_sums(&reference),
+    );
+    let last_on_source = before.keys().next_back().copied().unwrap_or(0);
+    let first_on_dest = after.keys().next().copied().unwrap_or(0);
+    eprintln!(
+        "the source rendered to frame {last_on_source}; the destination from frame \
+         {first_on_dest} on, {} progress lines after the switch-over",
+        after.len()
+    );
+    assert!(
+        !after.is_empty() && first_on_dest > last_on_source,
+        "the destination's guest rendered nothing after the switch-over:\n{console}"
+    );
+    // Every running sum the destination printed is the unmigrated run's at that frame.
+    for (n, sum) in &after {
+        assert_eq!(
+            want_sums.get(n),
+            Some(sum),
+            "frame {n}: the migrated guest's running sum differs from an unmigrated run's"
+        );
     }
     assert_eq!(
-        dst.servers(name),
-        0,
-        "release left a server:\n{}",
-        dst.logs()
+        checksum_line(&console),
+        checksum_line(&reference),
+        "the migrated guest's checksum differs from an unmigrated run's"
     );
-    src.ok(&["undefine", name]);
+    retire(&src, &dst, name);
+
+    // Negative control: the same migration to a destination whose server does not rebase the
+    // guest's graphics addresses into its own slot (`gmig serve --x-no-remap` through the hook's
+    // `args`): the destination's guest must stall or render differently.
+    let conf = dst.dir.join("etc/gmig.conf");
+    let mut c = std::fs::read_to_string(&conf).unwrap();
+    c += "args = --x-no-remap\n";
+    std::fs::write(&conf, c).unwrap();
+    let ctl = "gmig-ctl";
+    migrate_rendering_domain(&src, &dst, &tools, dir.path(), ctl, frames);
+    let differs = |c: &str| {
+        c.contains("seqno timeout")
+            || frame_sums(c)
+                .iter()
+                .any(|(n, s)| want_sums.get(n).is_some_and(|w| w != s))
+    };
+    let caught = dst.wait_serial(ctl, Duration::from_secs(120), differs);
+    let serve = dst.file(&format!("log/qemu/{ctl}-gmig.log"));
+    eprintln!(
+        "control (destination without remapping): {}; server: {}",
+        if caught {
+            "the guest stalled or differs"
+        } else {
+            "NOT caught"
+        },
+        serve
+            .lines()
+            .filter(|l| l.contains("fault"))
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    assert!(
+        caught,
+        "remapping off on the destination, yet its guest rendered the unmigrated run's sums:\n{}",
+        dst.serial(ctl)
+    );
+    retire(&src, &dst, ctl);
     eprintln!("test took {:.1} s in all", started.elapsed().as_secs_f64());
 }
