@@ -305,7 +305,9 @@ fn ms(t: Instant) -> f64 {
 /// runs the VM); on any failure before the destination's acknowledgement the vGPU is put back
 /// to RUNNING and `m` can keep running, with nothing lost.
 ///
-/// From the first byte of COMMIT on, the source is in doubt until RESUMED arrives: any failure
+/// From the first byte of COMMIT on, the source is in doubt until RESUMED arrives (or NAK: the
+/// destination's vGPU could not run and it dropped its copy, so the VM is rolled back here as
+/// before COMMIT): any other failure
 /// there returns [`Error::InDoubt`] and leaves the VM stopped (vCPU never entered again, vGPU
 /// still in STOP_COPY with its data read), with its whole state, for the caller to keep until the
 /// doubt is resolved.
@@ -476,40 +478,55 @@ fn send_all<S: Read + Write>(
             let mut at = [0u8; 8];
             w.s.read_exact(&mut at)?;
             rep.transfer_ms = ms(t);
-            // From the first byte of COMMIT the destination may run the VM: only RESUMED tells.
+            // From the first byte of COMMIT the destination may run the VM: only RESUMED (it
+            // runs) or NAK (it could not, and dropped its copy) tells.
             *committing = true;
             w.s.write_all(&[COMMIT])?;
             w.s.flush()?;
-            let mut resumed = [0u8; 9];
-            w.s.read_exact(&mut resumed)?;
-            if resumed[0] != RESUMED {
-                return Err(Error::InDoubt(format!(
-                    "the destination answered COMMIT with {:#x}, not RESUMED",
-                    resumed[0]
-                )));
+            let mut answer = [0u8; 1];
+            w.s.read_exact(&mut answer)?;
+            match answer[0] {
+                RESUMED => {}
+                NAK => {
+                    // The destination could not run the VM (its vGPU failed as it was told to
+                    // run) and dropped its copy: it says so for certain, so the VM is ours again.
+                    let why = read_refusal(w.s)?;
+                    *committing = false;
+                    return Err(Error::Stream(format!(
+                        "the destination could not run the VM after COMMIT and dropped it: {why}"
+                    )));
+                }
+                other => {
+                    return Err(Error::InDoubt(format!(
+                        "the destination answered COMMIT with {other:#x}, not RESUMED"
+                    )))
+                }
             }
             rep.downtime_ms = ms(paused);
             let mut at = [0u8; 8];
-            at.copy_from_slice(&resumed[1..]);
+            w.s.read_exact(&mut at)?;
             let resumed = u64::from_le_bytes(at);
             rep.dest_downtime_ms = resumed.saturating_sub(paused_at_ns) as f64 / 1e6;
             Ok(rep)
         }
-        NAK => {
-            let mut len = [0u8; 4];
-            w.s.read_exact(&mut len)?;
-            let len = (u32::from_le_bytes(len) as usize).min(64 << 10);
-            let mut msg = vec![0u8; len];
-            w.s.read_exact(&mut msg)?;
-            Err(Error::Stream(format!(
-                "the destination refused the VM: {}",
-                String::from_utf8_lossy(&msg)
-            )))
-        }
+        NAK => Err(Error::Stream(format!(
+            "the destination refused the VM: {}",
+            read_refusal(w.s)?
+        ))),
         other => Err(Error::Stream(format!(
             "the destination answered {other:#x}, neither ACK nor NAK"
         ))),
     }
+}
+
+/// The reason after a NAK (u32 LE length, text; a longer one is cut to 64 KiB).
+fn read_refusal<S: Read>(s: &mut S) -> Result<String> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    let mut msg = vec![0u8; len.min(64 << 10)];
+    s.read_exact(&mut msg)?;
+    Ok(String::from_utf8_lossy(&msg).into_owned())
 }
 
 /// What the destination saw.
@@ -531,7 +548,8 @@ pub struct Incoming {
 /// the whole stream validated, the VM was restored (stopped), the source was told (ACK) and it
 /// handed the VM over (COMMIT); the source is then told RESUMED. Any failure before the restore
 /// is refused back to the source (which then keeps running) and returned; ABORT from the source
-/// is returned as [`Error::Stream`]; anything else after the restore — the source vanishing,
+/// is returned as [`Error::Stream`]; a vGPU that fails as it is told to run after COMMIT is
+/// refused back too (the source takes the VM back) and returned; anything else after the restore — the source vanishing,
 /// silence past the connection's read timeout — is [`Error::InDoubt`] (the restored copy is
 /// dropped with the machine; keep the received bytes, e.g. by teeing `conn`, to resume it later
 /// with [`resume_in`]).
@@ -668,6 +686,8 @@ fn receive<S: Read + Write>(
             }
         }
     }
+    // A vGPU that cannot run now (its process died) fails the migration here, before the vCPU
+    // ever runs: the caller refuses (NAK) and drops the copy, and the source takes the VM back.
     m.gpu().link().set_state(DeviceState::Running)?;
     if handshake {
         // The VM is ours; a lost RESUMED only costs the source its downtime figure.

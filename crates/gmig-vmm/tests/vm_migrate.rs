@@ -283,3 +283,79 @@ fn a_switch_over_point_after_the_guests_end_fails_loudly_and_keeps_the_source() 
     assert!(src.halted());
     assert_same_run(&base, &src, "the kept source");
 }
+
+/// A destination whose vGPU cannot run (its process died, say) after the source's COMMIT.
+struct FailsToRun(Box<dyn gmig_vmm::GpuLink>);
+
+impl gmig_vmm::GpuLink for FailsToRun {
+    fn attach_ram(
+        &mut self,
+        mem: &vm_memory::GuestMemoryMmap,
+        file: &std::fs::File,
+    ) -> gmig_vmm::Result<()> {
+        self.0.attach_ram(mem, file)
+    }
+    fn region_size(&mut self, index: u32) -> gmig_vmm::Result<Option<u64>> {
+        self.0.region_size(index)
+    }
+    fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> gmig_vmm::Result<()> {
+        self.0.region_read(index, offset, data)
+    }
+    fn region_write(&mut self, index: u32, offset: u64, data: &[u8]) -> gmig_vmm::Result<()> {
+        self.0.region_write(index, offset, data)
+    }
+    fn set_msi(&mut self, fd: &vmm_sys_util::eventfd::EventFd) -> gmig_vmm::Result<()> {
+        self.0.set_msi(fd)
+    }
+    fn set_state(&mut self, state: gmig_vfio_migration::DeviceState) -> gmig_vmm::Result<()> {
+        if state == gmig_vfio_migration::DeviceState::Running {
+            return Err(gmig_vmm::Error::Device("the vGPU process is gone".into()));
+        }
+        self.0.set_state(state)
+    }
+    fn save_read(&mut self, max: usize) -> gmig_vmm::Result<Option<Vec<u8>>> {
+        self.0.save_read(max)
+    }
+    fn resume_write(&mut self, data: &[u8]) -> gmig_vmm::Result<()> {
+        self.0.resume_write(data)
+    }
+    fn dma_log_start(&mut self, ranges: &[gmig_vfio_migration::IovaRange]) -> gmig_vmm::Result<()> {
+        self.0.dma_log_start(ranges)
+    }
+    fn dma_log_report(&mut self, iova: u64, length: u64) -> gmig_vmm::Result<Vec<u64>> {
+        self.0.dma_log_report(iova, length)
+    }
+    fn dma_log_stop(&mut self) -> gmig_vmm::Result<()> {
+        self.0.dma_log_stop()
+    }
+}
+
+/// After COMMIT the destination must run the VM; when its vGPU cannot (its process died), it
+/// says so (NAK instead of RESUMED) and drops its copy, and the source — told for certain that
+/// the destination does not run the VM — takes it back and finishes it: one owner, nothing lost,
+/// no doubt to resolve by hand.
+#[test]
+fn a_destination_whose_vgpu_cannot_run_after_commit_hands_the_vm_back() {
+    if !kvm_present() {
+        return;
+    }
+    let c = cfg(GuestProfile::Desktop);
+    let base = baseline(&c);
+    let (mut src, dest, rep) = migrate_at(
+        &c,
+        Point::Frame(16, 3),
+        &opts(),
+        Box::new(FailsToRun(linked(1, true))),
+    );
+    let e = rep.expect_err("the source committed to a destination that did not run the VM");
+    assert!(!e.in_doubt(), "the source is in doubt: {e}");
+    assert!(e.to_string().contains("the vGPU process is gone"), "{e}");
+    let d = dest.err().expect("the destination says it runs the VM");
+    assert!(!d.in_doubt(), "the destination is in doubt: {d}");
+    assert!(
+        !src.halted(),
+        "the guest had finished before the switch-over"
+    );
+    assert_eq!(src.run(ALL).expect("run on"), Stop::Halted);
+    assert_same_run(&base, &src, "the source that took the VM back");
+}
