@@ -350,7 +350,9 @@ fn a_destination_whose_vgpu_cannot_run_after_commit_hands_the_vm_back() {
     let e = rep.expect_err("the source committed to a destination that did not run the VM");
     assert!(!e.in_doubt(), "the source is in doubt: {e}");
     assert!(e.to_string().contains("the vGPU process is gone"), "{e}");
-    let d = dest.err().expect("the destination says it runs the VM");
+    let Err(d) = dest else {
+        panic!("the destination says it runs the VM");
+    };
     assert!(!d.in_doubt(), "the destination is in doubt: {d}");
     assert!(
         !src.halted(),
