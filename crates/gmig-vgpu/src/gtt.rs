@@ -1,5 +1,5 @@
 //! Graphics translation: the vGPU's GGTT (shadowed from guest frames to host memory), the 4-level
-//! PPGTT walk, and GPU-side memory access through either.
+//! PPGTT walk (with GEN9's 64 KiB, 2 MiB and 1 GiB pages), and GPU-side memory access through either.
 //!
 //! The guest writes GGTT entries at *guest-view* offsets (inside the slices the PV info page told it
 //! about). The vGPU stores each entry at the same position inside its slice, so the table serves both
@@ -274,47 +274,117 @@ impl Ggtt {
     }
 }
 
-/// Walks a 4-level PPGTT rooted at `pml4` (guest-physical) in guest RAM.
+/// PDE and PDPE bit 7 (`GEN8_PDE_PS_2M`, `GEN8_PDPE_PS_1G`): the entry maps a 2 MiB (PDE) or
+/// 1 GiB (PDPE) page instead of pointing at the next table.
+const PPGTT_PS: u64 = 1 << 7;
+/// PDE bit 11 (`GEN8_PDE_IPS_64K`): the page table it points at maps 64 KiB pages, through every
+/// 16th entry (i915 still writes the 4 KiB entries between them; the GPU does not read them).
+const PPGTT_IPS_64K: u64 = 1 << 11;
+/// Entries per PPGTT table.
+const PPGTT_ENTRIES: u64 = 512;
+
+/// The page a present PPGTT entry at `level` maps directly (a leaf), as its size, or `None` when
+/// the entry points at a table. `ips`: the entry sits in a page table whose PDE set 64 KiB mode.
+fn ppgtt_leaf(level: u8, pte: u64, ips: bool) -> Option<u64> {
+    match level {
+        1 if ips => Some(64 << 10),
+        1 => Some(PAGE_SIZE),
+        2 | 3 if pte & PPGTT_PS != 0 => Some(1 << (12 + 9 * u32::from(level - 1))),
+        _ => None,
+    }
+}
+
+/// Walks a 4-level PPGTT rooted at `pml4` (guest-physical) in guest RAM, as GEN9 hardware does:
+/// 1 GiB pages in the PDPT (PS), 2 MiB pages in page directories (PS), page tables of 64 KiB
+/// pages (the PDE's IPS bit: every 16th entry maps 64 KiB) or of 4 KiB pages.
 pub fn ppgtt_translate(mem: &GuestRam, pml4: u64, addr: u64) -> Result<GuestAddress> {
     let mut table = pml4 & PTE_ADDR_MASK;
+    let mut ips = false;
     for level in (1..=4u8).rev() {
         let shift = 12 + 9 * (u32::from(level) - 1);
-        let idx = (addr >> shift) & 0x1ff;
+        let mut idx = (addr >> shift) & (PPGTT_ENTRIES - 1);
+        if level == 1 && ips {
+            idx &= !0xf;
+        }
         let pte: u64 = mem
             .read_obj(GuestAddress(table + idx * 8))
             .map_err(|_| GttError::NoRam(table + idx * 8))?;
         if pte & 1 == 0 {
             return Err(GttError::PpgttNotPresent { addr, level });
         }
+        if let Some(size) = ppgtt_leaf(level, pte, ips) {
+            let base = pte & PTE_ADDR_MASK & !(size - 1);
+            return Ok(GuestAddress(base | (addr & (size - 1))));
+        }
+        ips = level == 2 && pte & PPGTT_IPS_64K != 0;
         table = pte & PTE_ADDR_MASK;
     }
-    Ok(GuestAddress(table | (addr % PAGE_SIZE)))
+    // Level 1 always ends in a leaf.
+    Err(GttError::PpgttNotPresent { addr, level: 1 })
 }
 
-/// Every page a PPGTT rooted at `pml4` uses: its table pages and the frames it maps.
+/// Every page a PPGTT rooted at `pml4` uses: its table pages and the frames it maps (a large
+/// page's frames up to the end of guest RAM). Each table and each large page is visited once,
+/// so tables the guest shares between entries (or points back at) cost nothing more: the work
+/// is bounded by the distinct table pages and guest RAM, whatever the guest writes.
 pub fn ppgtt_frames(mem: &GuestRam, pml4: u64, out: &mut BTreeSet<Gfn>) {
-    fn walk(mem: &GuestRam, table: u64, level: u8, out: &mut BTreeSet<Gfn>) {
-        out.insert(Gfn(table / PAGE_SIZE));
-        let mut buf = [0u8; PAGE_SIZE as usize];
-        if mem.read_slice(&mut buf, GuestAddress(table)).is_err() {
-            return;
+    struct Walk<'a> {
+        mem: &'a GuestRam,
+        ram_frames: u64,
+        tables: BTreeSet<(u64, u8, bool)>,
+        leaves: BTreeSet<(u64, u64)>,
+        out: &'a mut BTreeSet<Gfn>,
+    }
+    impl Walk<'_> {
+        fn table(&mut self, table: u64, level: u8, ips: bool) {
+            if !self.tables.insert((table, level, ips)) {
+                return;
+            }
+            self.out.insert(Gfn(table / PAGE_SIZE));
+            let mut buf = [0u8; PAGE_SIZE as usize];
+            if self.mem.read_slice(&mut buf, GuestAddress(table)).is_err() {
+                return;
+            }
+            let step = if level == 1 && ips { 16 } else { 1 };
+            for chunk in buf.chunks_exact(8).step_by(step) {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(chunk);
+                let pte = u64::from_le_bytes(b);
+                if pte & 1 == 0 {
+                    continue;
+                }
+                match ppgtt_leaf(level, pte, ips) {
+                    Some(size) => self.leaf(pte & PTE_ADDR_MASK & !(size - 1), size),
+                    None => self.table(
+                        pte & PTE_ADDR_MASK,
+                        level - 1,
+                        level == 2 && pte & PPGTT_IPS_64K != 0,
+                    ),
+                }
+            }
         }
-        for chunk in buf.chunks_exact(8) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(chunk);
-            let pte = u64::from_le_bytes(b);
-            if pte & 1 == 0 {
-                continue;
+
+        fn leaf(&mut self, base: u64, size: u64) {
+            if size == PAGE_SIZE {
+                self.out.insert(Gfn(base / PAGE_SIZE));
+                return;
             }
-            let next = pte & PTE_ADDR_MASK;
-            if level == 1 {
-                out.insert(Gfn(next / PAGE_SIZE));
-            } else {
-                walk(mem, next, level - 1, out);
+            if !self.leaves.insert((base, size)) {
+                return;
             }
+            let first = base / PAGE_SIZE;
+            let end = (first + size / PAGE_SIZE).min(self.ram_frames);
+            self.out.extend((first..end).map(Gfn));
         }
     }
-    walk(mem, pml4 & PTE_ADDR_MASK, 4, out);
+    let mut w = Walk {
+        mem,
+        ram_frames: ram_size(mem) / PAGE_SIZE,
+        tables: BTreeSet::new(),
+        leaves: BTreeSet::new(),
+        out,
+    };
+    w.table(pml4 & PTE_ADDR_MASK, 4, false);
 }
 
 /// GPU-side access to guest memory through the GGTT (at `slices`) or a PPGTT.
@@ -585,6 +655,91 @@ mod tests {
         );
         let mut set = BTreeSet::new();
         ppgtt_frames(&mem, 0x1000, &mut set);
+        assert_eq!(
+            set.into_iter().map(|g| g.0).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 9]
+        );
+    }
+
+    /// PML4 at 0x1000, PDPT at 0x2000 (entry 0 a 1 GiB page at 0 when `gib`), PD at 0x3000 with
+    /// entry 1 a 2 MiB page at 6 MiB and entry 2 a 64 KiB-mode page table at 0x4000.
+    fn large_pages(gib: bool) -> GuestRam {
+        let mem = new_guest_ram(16 << 20).unwrap();
+        let put = |a: u64, v: u64| mem.write_obj(v, GuestAddress(a)).unwrap();
+        put(0x1000, 0x2001);
+        put(0x2000 + 8, 0x3001);
+        if gib {
+            put(0x2000, PPGTT_PS | 1);
+        }
+        put(0x3000 + 8, (6 << 20) | PPGTT_PS | 1);
+        put(0x3000 + 16, 0x4000 | PPGTT_IPS_64K | 1);
+        // 64 KiB pages at 8 MiB and 9 MiB through entries 0 and 16; the 4 KiB entries between
+        // them hold what i915 writes there too, except entry 1, which must not be used.
+        for i in 0..16u64 {
+            put(0x4000 + 8 * i, ((8 << 20) + i * 4096) | 1);
+            put(0x4000 + 8 * (16 + i), ((9 << 20) + i * 4096) | 1);
+        }
+        put(0x4000 + 8, 0xf000 | 1);
+        mem
+    }
+
+    #[test]
+    fn ppgtt_large_pages_map_as_gen9_does() {
+        let mem = large_pages(true);
+        let t = |va: u64| ppgtt_translate(&mem, 0x1000, va).map(|g| g.0);
+        const G: u64 = 1 << 30;
+        // 1 GiB page: identity over its first gigabyte.
+        assert_eq!(t(0x12_3456), Ok(0x12_3456));
+        // 2 MiB page at 6 MiB (PDE 1 of the second gigabyte).
+        assert_eq!(t(G + (2 << 20) + 0x1_2345), Ok((6 << 20) + 0x1_2345));
+        // 64 KiB pages: entry 0 for the first 64 KiB (entry 1 is not read), entry 16 next.
+        assert_eq!(t(G + (4 << 20) + 0x1234), Ok((8 << 20) + 0x1234));
+        assert_eq!(t(G + (4 << 20) + 0xf_ff8), Ok((8 << 20) + 0xf_ff8));
+        assert_eq!(t(G + (4 << 20) + 0x1_0010), Ok((9 << 20) + 0x10));
+        assert_eq!(
+            t(G + (4 << 20) + 0x2_0000),
+            Err(GttError::PpgttNotPresent {
+                addr: G + (4 << 20) + 0x2_0000,
+                level: 1
+            })
+        );
+        let mut set = BTreeSet::new();
+        ppgtt_frames(&mem, 0x1000, &mut set);
+        // Tables 1..=4; the 1 GiB page clipped to RAM's 4096 frames (covers all of them).
+        assert_eq!(set.len(), 4096);
+        let mem = large_pages(false);
+        let mut set = BTreeSet::new();
+        ppgtt_frames(&mem, 0x1000, &mut set);
+        let mut want: BTreeSet<Gfn> = [1, 2, 3, 4].into_iter().map(Gfn).collect();
+        want.extend((6 * 256..8 * 256).map(Gfn)); // the 2 MiB page
+        want.extend((8 * 256..8 * 256 + 16).map(Gfn)); // two 64 KiB pages
+        want.extend((9 * 256..9 * 256 + 16).map(Gfn));
+        assert_eq!(
+            set, want,
+            "entry 1 of the 64 KiB table (frame 0xf) is not reached"
+        );
+    }
+
+    #[test]
+    fn ppgtt_frames_visits_shared_tables_once() {
+        // Every entry of every level points at the same next table, and the PML4 at itself:
+        // 512^4 paths, four distinct tables.
+        let mem = new_guest_ram(1 << 20).unwrap();
+        for i in 0..512u64 {
+            mem.write_obj(0x1001u64, GuestAddress(0x1000 + 8 * i))
+                .unwrap();
+            mem.write_obj(0x3001u64, GuestAddress(0x2000 + 8 * i))
+                .unwrap();
+            mem.write_obj(0x4001u64, GuestAddress(0x3000 + 8 * i))
+                .unwrap();
+            mem.write_obj(0x9001u64, GuestAddress(0x4000 + 8 * i))
+                .unwrap();
+        }
+        mem.write_obj(0x2001u64, GuestAddress(0x1000)).unwrap();
+        let t = std::time::Instant::now();
+        let mut set = BTreeSet::new();
+        ppgtt_frames(&mem, 0x1000, &mut set);
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
         assert_eq!(
             set.into_iter().map(|g| g.0).collect::<Vec<_>>(),
             vec![1, 2, 3, 4, 9]
