@@ -32,12 +32,12 @@
 //! (`../shared/qemu`).
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use gmig_test_support::qemu::pair::{hmp, qmp_return as qmp, Pair};
 use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools, Vm, VmSpec};
 use serde_json::Value;
 
@@ -164,14 +164,6 @@ fn reference(tools: &Tools, dir: &Path, profile: &str, frames: u32) -> String {
     line
 }
 
-/// A TCP port nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// The frame numbers of the guest's `frame N sum …` lines.
 fn frames(console: &str) -> Vec<u32> {
     console
@@ -181,145 +173,29 @@ fn frames(console: &str) -> Vec<u32> {
         .collect()
 }
 
-/// One QMP command; its `return` (panics on an error answer).
-fn qmp(vm: &mut Vm, cmd: &str) -> Value {
-    let mut events = Vec::new();
-    let answer = vm.qmp(cmd, &mut events).expect("QMP");
-    let v: Value = serde_json::from_str(&answer).expect("QMP answer is JSON");
-    assert!(v.get("return").is_some(), "{cmd}: {answer}");
-    v["return"].clone()
+/// Source and destination rendering `profile` for [`FRAMES`] frames ([`Pair::start`]).
+fn pair(tools: &Tools, dir: &Path, tag: &str, profile: &str, src: &[&str], dst: &[&str]) -> Pair {
+    Pair::start(gmig(), tools, dir, tag, src, dst, |socket, extra| {
+        guest(socket, profile, FRAMES, extra)
+    })
 }
 
-/// Source and destination: two `gmig serve` (slots 0 and 1) and two QEMUs.
-struct Pair {
-    src_serve: Serve,
-    dst_serve: Serve,
-    src: Vm,
-    dst: Vm,
-    port: u16,
+/// Waits for the guest's `frame MIGRATE_AFTER` line on the source.
+fn wait_rendering(p: &mut Pair) {
+    let after = format!("frame {MIGRATE_AFTER} ");
+    p.wait_source(|l| l.starts_with(&after));
 }
 
-impl Pair {
-    /// Starts the four processes; their files in `dir` are named after `tag`.
-    fn start(
-        tools: &Tools,
-        dir: &Path,
-        tag: &str,
-        profile: &str,
-        src_args: &[&str],
-        dst_args: &[&str],
-    ) -> Pair {
-        let port = free_port();
-        let src_serve = Serve::start(gmig(), dir, &format!("{tag}-src-gpu"), src_args);
-        let mut args = vec!["--slot", "1"];
-        args.extend_from_slice(dst_args);
-        let dst_serve = Serve::start(gmig(), dir, &format!("{tag}-dst-gpu"), &args);
-        let incoming = vec!["-incoming".to_string(), format!("tcp:127.0.0.1:{port}")];
-        let dst = Vm::start(
-            tools,
-            &guest(&dst_serve.socket, profile, FRAMES, incoming),
-            dir,
-            &format!("{tag}-dst"),
-        );
-        let src = Vm::start(
-            tools,
-            &guest(&src_serve.socket, profile, FRAMES, vec![]),
-            dir,
-            &format!("{tag}-src"),
-        );
-        Pair {
-            src_serve,
-            dst_serve,
-            src,
-            dst,
-            port,
-        }
-    }
-
-    /// What all four processes said, for failure messages.
-    fn logs(&self) -> String {
-        format!(
-            "--- source console:\n{}\n--- source QEMU:\n{}\n--- source server:\n{}\n\
-             --- destination console:\n{}\n--- destination QEMU:\n{}\n--- destination server:\n{}",
-            self.src.console(),
-            self.src.stderr_text(),
-            self.src_serve.log_text(),
-            self.dst.console(),
-            self.dst.stderr_text(),
-            self.dst_serve.log_text()
-        )
-    }
-
-    /// Waits for the guest's `frame MIGRATE_AFTER` line on the source.
-    fn wait_rendering(&mut self) {
-        let after = format!("frame {MIGRATE_AFTER} ");
-        assert!(
-            self.src
-                .wait_for(Duration::from_secs(300), |l| l.starts_with(&after)),
-            "the source guest did not render:\n{}",
-            self.logs()
-        );
-    }
-
-    /// Sends `migrate` (with `params` set first); the answer (`return` or `error`).
-    fn start_migration(&mut self, params: &str) -> String {
-        qmp(
-            &mut self.src,
-            &format!(r#"{{"execute":"migrate-set-parameters","arguments":{params}}}"#),
-        );
-        let mut events = Vec::new();
-        self.src
-            .qmp(
-                &format!(
-                    r#"{{"execute":"migrate","arguments":{{"uri":"tcp:127.0.0.1:{}"}}}}"#,
-                    self.port
-                ),
-                &mut events,
-            )
-            .expect("QMP migrate")
-    }
-
-    /// Polls `query-migrate` on the source until it ends; its last answer.
-    fn wait_migration(&mut self) -> Value {
-        let t = Instant::now();
-        loop {
-            let q = qmp(&mut self.src, r#"{"execute":"query-migrate"}"#);
-            let status = q["status"].as_str().unwrap_or("").to_string();
-            if matches!(status.as_str(), "completed" | "failed" | "cancelled") {
-                return q;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(300),
-                "the migration did not end: {q}\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Renders, migrates after `frame MIGRATE_AFTER` and returns `query-migrate`'s end.
-    fn migrate(&mut self) -> Value {
-        self.wait_rendering();
-        let answer = self.start_migration(r#"{"downtime-limit":300}"#);
-        assert!(
-            answer.contains("\"return\""),
-            "migrate: {answer}\n{}",
-            self.logs()
-        );
-        self.wait_migration()
-    }
-
-    /// The destination guest's end: waits for its QEMU to exit; its console.
-    fn finish(&mut self) -> String {
-        let status = self.dst.wait_exit(Duration::from_secs(600));
-        let console = self.dst.console();
-        assert!(
-            status.is_some(),
-            "the destination guest did not finish:\n{}",
-            self.logs()
-        );
-        console
-    }
+/// Renders, migrates after `frame MIGRATE_AFTER` and returns `query-migrate`'s end.
+fn migrate(p: &mut Pair) -> Value {
+    wait_rendering(p);
+    let answer = p.start_migration(r#"{"downtime-limit":300}"#);
+    assert!(
+        answer.contains("\"return\""),
+        "migrate: {answer}\n{}",
+        p.logs()
+    );
+    p.wait_migration()
 }
 
 /// The device's bytes in a `query-migrate` answer.
@@ -335,8 +211,8 @@ fn qemu_live_migrates_the_vgpu_to_another_slot_and_the_guest_renders_on() {
         return;
     };
     let want = reference(&tools, dir.path(), "desktop", FRAMES);
-    let mut p = Pair::start(&tools, dir.path(), "live", "desktop", &[], &[]);
-    let q = p.migrate();
+    let mut p = pair(&tools, dir.path(), "live", "desktop", &[], &[]);
+    let q = migrate(&mut p);
     eprintln!("query-migrate: {q}");
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
     // QEMU's VFIO migration moved the device's state (stock 10.2.2 says 0 here).
@@ -403,10 +279,24 @@ fn the_pages_the_vgpu_writes_reach_the_destination_through_dma_logging() {
     // CPU write there), and folds a copy of it: a page the GPU wrote after QEMU sent it, and that
     // the destination lacks, shows in every later frame.
     let want = reference(&tools, dir.path(), "compute", FRAMES);
-    let mut p = Pair::start(&tools, dir.path(), "logged", "compute", &[], &[]);
-    let q = p.migrate();
+    let mut p = pair(&tools, dir.path(), "logged", "compute", &[], &[]);
+    // This one is driven with HMP, the commands of docs/integration.md's recipe (the others use
+    // QMP): each answers nothing when it is accepted.
+    wait_rendering(&mut p);
+    let port = p.port;
+    for line in [
+        "migrate_set_parameter downtime-limit 300".to_string(),
+        format!("migrate -d tcp:127.0.0.1:{port}"),
+    ] {
+        let said = hmp(&mut p.src, &line);
+        assert!(said.trim().is_empty(), "HMP {line}: {said}\n{}", p.logs());
+    }
+    let q = p.wait_migration();
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
     assert!(vfio_bytes(&q) > 0, "{q}");
+    let info = hmp(&mut p.src, "info migrate");
+    eprintln!("HMP info migrate:\n{info}");
+    assert!(info.contains("completed"), "info migrate: {info}");
     let console = p.finish();
     assert_eq!(
         checksum_line(&console).as_deref(),
@@ -423,7 +313,7 @@ fn the_pages_the_vgpu_writes_reach_the_destination_through_dma_logging() {
     ) {
         return;
     }
-    let mut p = Pair::start(
+    let mut p = pair(
         &tools,
         dir.path(),
         "blind",
@@ -431,7 +321,7 @@ fn the_pages_the_vgpu_writes_reach_the_destination_through_dma_logging() {
         &["--x-dma-log", "blind"],
         &[],
     );
-    let q = p.migrate();
+    let q = migrate(&mut p);
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
     let console = p.finish();
     let got = checksum_line(&console);
@@ -454,7 +344,7 @@ fn without_dma_logging_qemu_refuses_to_migrate_and_says_why() {
     if !control_available(&["--x-dma-log", "off"], "a device without DMA logging") {
         return;
     }
-    let mut p = Pair::start(
+    let mut p = pair(
         &tools,
         dir.path(),
         "nolog",
@@ -462,7 +352,7 @@ fn without_dma_logging_qemu_refuses_to_migrate_and_says_why() {
         &["--x-dma-log", "off"],
         &[],
     );
-    p.wait_rendering();
+    wait_rendering(&mut p);
     let answer = p.start_migration(r#"{"downtime-limit":300}"#);
     eprintln!("migrate: {answer}");
     assert!(
@@ -485,7 +375,7 @@ fn a_server_without_migration_blocks_it_with_the_reason() {
     if !control_available(&["--x-no-migration"], "a server without migration") {
         return;
     }
-    let mut p = Pair::start(
+    let mut p = pair(
         &tools,
         dir.path(),
         "nomig",
@@ -493,7 +383,7 @@ fn a_server_without_migration_blocks_it_with_the_reason() {
         &["--x-no-migration"],
         &[],
     );
-    p.wait_rendering();
+    wait_rendering(&mut p);
     let answer = p.start_migration(r#"{"downtime-limit":300}"#);
     eprintln!("migrate: {answer}");
     assert!(
@@ -514,7 +404,7 @@ fn without_remapping_the_destination_vgpu_faults() {
         return;
     }
     let want = reference(&tools, dir.path(), "desktop", FRAMES);
-    let mut p = Pair::start(
+    let mut p = pair(
         &tools,
         dir.path(),
         "noremap",
@@ -522,7 +412,7 @@ fn without_remapping_the_destination_vgpu_faults() {
         &[],
         &["--x-no-remap"],
     );
-    let q = p.migrate();
+    let q = migrate(&mut p);
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
     // The guest's GPU addresses now point outside the destination vGPU's slices: its GPU
     // faults and the guest times out, or at best renders something else.
@@ -557,8 +447,8 @@ fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
         return;
     };
     let want = reference(&tools, dir.path(), "desktop", FRAMES);
-    let mut p = Pair::start(&tools, dir.path(), "killed", "desktop", &[], &[]);
-    p.wait_rendering();
+    let mut p = pair(&tools, dir.path(), "killed", "desktop", &[], &[]);
+    wait_rendering(&mut p);
     // Slow enough (32 MiB/s) that the stream is still running when the destination dies.
     let answer = p.start_migration(r#"{"downtime-limit":300,"max-bandwidth":33554432}"#);
     assert!(answer.contains("\"return\""), "migrate: {answer}");
