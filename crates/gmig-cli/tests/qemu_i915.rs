@@ -23,11 +23,14 @@ fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
 }
 
-/// The guest's side: loads i915 (parameters from the command line), waits up to LIMIT seconds
-/// for modprobe and then for the GT to park, and prints the kernel log since the load
-/// (`GMIG-DMESG:` lines) and each device's `i915_wedged`.
+/// The guest's side (`i915-probe LIMIT [after=PROG] [i915 parameters]`): loads i915, waits up
+/// to LIMIT seconds for modprobe and then for the GT to park; runs PROG if given and waits for
+/// the GT to park again; prints the kernel log since the load (`GMIG-DMESG:` lines) and each device's
+/// `i915_wedged`.
 const PROBE_SCRIPT: &str = r#"#!/bin/sh
 limit=$1; shift
+after=
+case $1 in after=*) after=${1#after=}; shift ;; esac
 echo "gmig-i915: modprobe i915 $*" >/dev/kmsg
 modprobe i915 "$@" &
 pid=$!
@@ -39,15 +42,23 @@ else
     wait $pid
     echo "GMIG-I915: modprobe exit $?"
 fi
-idle=busy
-for _ in $(seq 20); do
-    if head -n1 /sys/kernel/debug/dri/0/i915_engine_info 2>/dev/null | grep -q 'GT awake? no'; then
-        idle=idle
-        break
-    fi
-    sleep 1
-done
-echo "GMIG-I915: gt $idle"
+idle() {
+    for _ in $(seq 20); do
+        if head -n1 /sys/kernel/debug/dri/0/i915_engine_info 2>/dev/null | grep -q 'GT awake? no'; then
+            echo "GMIG-I915: gt idle$1"
+            return
+        fi
+        sleep 1
+    done
+    echo "GMIG-I915: gt busy$1"
+}
+idle ""
+if [ -n "$after" ]; then
+    echo "gmig-i915: run $after" >/dev/kmsg
+    $after
+    echo "GMIG-I915: $after exit $?"
+    idle " after"
+fi
 dmesg | sed -n '/gmig-i915: modprobe/,$p' | sed 's/^/GMIG-DMESG: /'
 for f in /sys/kernel/debug/dri/*/i915_wedged; do
     echo "GMIG-I915: i915_wedged $(cat "$f")"
@@ -74,9 +85,9 @@ fn script(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// QEMU and a guest with i915 and the probe script, or `None` (said loudly) where QEMU's source
-/// is not here.
-fn tools(dir: &Path) -> Option<Tools> {
+/// QEMU and a guest with i915, the probe script and `adds` (`SRC:DEST`, as `guest.sh --add`),
+/// or `None` (said loudly) where QEMU's source is not here.
+fn tools(dir: &Path, adds: &[String]) -> Option<Tools> {
     if !qemu_source_present() {
         return None;
     }
@@ -89,15 +100,13 @@ fn tools(dir: &Path) -> Option<Tools> {
     std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let add = format!("{}:/bin/i915-probe", probe.display());
     let out = dir.join("guest");
-    let lines = script(&[
-        "scripts/qemu/guest.sh",
-        "--modules",
-        "i915",
-        "--add",
-        &add,
-        "--out",
-        &out.to_string_lossy(),
-    ]);
+    let out = out.to_string_lossy();
+    let mut args = vec!["scripts/qemu/guest.sh", "--modules", "i915", "--add", &add];
+    for a in adds {
+        args.extend(["--add", a.as_str()]);
+    }
+    args.extend(["--out", &out]);
+    let lines = script(&args);
     let find = |k: &str| {
         lines
             .iter()
@@ -165,10 +174,40 @@ fn expected_lines() -> Vec<String> {
     want
 }
 
+/// Nothing hung, wedged, reset or failed (no driver error or kernel warning in `log`), the GT
+/// parked and `i915_wedged` is 0, and the server refused nothing i915 submitted.
+fn assert_healthy(console: &str, log: &[(f64, String)], serve: &Serve) {
+    for (_, l) in log {
+        let lower = l.to_lowercase();
+        for bad in [
+            "gpu hang",
+            "wedged",
+            "resetting",
+            "reset request timed out",
+            "*error*",
+            "warning:",
+            "call trace",
+            "probe with driver i915 failed",
+            "device initialization failed",
+            "failed to idle",
+            "timed out",
+        ] {
+            assert!(!lower.contains(bad), "kernel log: {l}");
+        }
+    }
+    let has = |l: &str| console.lines().any(|c| c.trim_end_matches('\r') == l);
+    assert!(has("GMIG-I915: gt idle"), "the GT did not go idle");
+    assert!(has("GMIG-I915: i915_wedged 0"), "i915_wedged is not 0");
+    let server = serve.log_text();
+    for bad in ["fault", "ERROR", "WARN"] {
+        assert!(!server.contains(bad), "the server logged {bad}: {server}");
+    }
+}
+
 #[test]
 fn linux_i915_probes_the_vgpu_as_a_gvt_g_guest() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(tools) = tools(dir.path()) else {
+    let Some(tools) = tools(dir.path(), &[]) else {
         return;
     };
     let mut serve = Serve::start(gmig(), dir.path(), "gpu", &["--clients", "1"]);
@@ -203,32 +242,7 @@ fn linux_i915_probes_the_vgpu_as_a_gvt_g_guest() {
         .iter()
         .find(|(_, l)| l.contains("[drm] Initialized i915") && l.contains(&format!("for {addr} ")))
         .unwrap_or_else(|| panic!("i915 did not initialise on {addr}"));
-    // Nothing hung, wedged, reset or failed; no driver error or kernel warning.
-    for (_, l) in &log {
-        let lower = l.to_lowercase();
-        for bad in [
-            "gpu hang",
-            "wedged",
-            "resetting",
-            "reset request timed out",
-            "*error*",
-            "warning:",
-            "call trace",
-            "probe with driver i915 failed",
-            "device initialization failed",
-            "failed to idle",
-            "timed out",
-        ] {
-            assert!(!lower.contains(bad), "kernel log: {l}");
-        }
-    }
-    assert!(has("GMIG-I915: gt idle"), "the GT did not go idle");
-    assert!(has("GMIG-I915: i915_wedged 0"), "i915_wedged is not 0");
-    // The server refused nothing i915 submitted.
-    let server = serve.log_text();
-    for bad in ["fault", "ERROR", "WARN"] {
-        assert!(!server.contains(bad), "the server logged {bad}: {server}");
-    }
+    assert_healthy(&console, &log, &serve);
     // Probe time, by the guest's clock: from modprobe (dependencies loaded first) and from the
     // PV info page's detection, to "Initialized".
     let (t0, _) = log
@@ -241,6 +255,202 @@ fn linux_i915_probes_the_vgpu_as_a_gvt_g_guest() {
          {:.2} s",
         init.0 - t0,
         init.0 - t1
+    );
+    let _ = serve.child.wait();
+}
+
+/// The scene `crates/gmig-vmm/guest/i915.c` renders, computed here on its own: the same recipe,
+/// written again, so that the guest's checksum is checked against an independent computation.
+mod scene {
+    pub const W: usize = 256;
+    pub const H: usize = 256;
+    const BLOCK: usize = 32;
+
+    pub fn mix(mut x: u32) -> u32 {
+        x ^= x >> 16;
+        x = x.wrapping_mul(0x7feb_352d);
+        x ^= x >> 15;
+        x = x.wrapping_mul(0x846c_a68b);
+        x ^ (x >> 16)
+    }
+
+    fn fill(fb: &mut [u32], (x0, y0, w, h): (usize, usize, usize, usize), c: u32) {
+        for y in y0..y0 + h {
+            fb[y * W + x0..y * W + x0 + w].fill(c);
+        }
+    }
+
+    /// Frame `f` drawn over `fb`: background, four fills, a 64x64 sprite block, then the top-left
+    /// 32x32 block copied to the bottom-right corner.
+    pub fn frame(fb: &mut [u32], f: u32) {
+        fill(fb, (0, 0, W, H), mix(0x9000 + f) | 0xff00_0000);
+        for k in 0..4 {
+            let r = mix(f * 8 + k + 1);
+            let q = (
+                r as usize % (W - 64),
+                (r >> 8) as usize % (H - 64),
+                16 + (r >> 16) as usize % 48,
+                16 + (r >> 24) as usize % 48,
+            );
+            fill(fb, q, mix(r) | 0xff00_0000);
+        }
+        let r = mix(0x5000 + f);
+        let (sx, sy) = (r as usize % (W - 64), (r >> 8) as usize % (H - 64));
+        let (dx, dy) = (
+            (r >> 16) as usize % (W - 64),
+            (r >> 24) as usize % (H - 128),
+        );
+        for y in 0..64 {
+            for x in 0..64 {
+                let p = ((sy + y) * W + sx + x) as u32;
+                fb[(dy + y) * W + dx + x] = mix(p) | 0xff00_0000;
+            }
+        }
+        for y in 0..BLOCK {
+            for x in 0..BLOCK {
+                fb[(H - BLOCK + y) * W + W - BLOCK + x] = fb[y * W + x];
+            }
+        }
+    }
+
+    pub const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
+
+    pub fn fnv(mut h: u64, bytes: impl IntoIterator<Item = u8>) -> u64 {
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        h
+    }
+
+    /// Each frame's checksum (FNV-1a over its little-endian pixels) and the run's (FNV-1a over
+    /// the frames' checksums).
+    pub fn checksums(frames: u32) -> (Vec<u64>, u64) {
+        let mut fb = vec![0u32; W * H];
+        let mut each = Vec::new();
+        let mut all = FNV0;
+        for f in 0..frames {
+            frame(&mut fb, f);
+            let h = fnv(FNV0, fb.iter().flat_map(|p| p.to_le_bytes()));
+            all = fnv(all, h.to_le_bytes());
+            each.push(h);
+        }
+        (each, all)
+    }
+}
+
+/// Frames the blitter test renders.
+const BLIT_FRAMES: u32 = 60;
+
+#[test]
+fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
+    let dir = tempfile::tempdir().unwrap();
+    if !qemu_source_present() {
+        return;
+    }
+    let prog = script(&[
+        "crates/gmig-vmm/guest/build-i915.sh",
+        &dir.path().join("gmig-i915-blit").to_string_lossy(),
+    ])
+    .pop()
+    .expect("build-i915.sh printed no path");
+    let run = dir.path().join("run-blit");
+    std::fs::write(
+        &run,
+        format!("#!/bin/sh\nexec /bin/gmig-i915-blit {BLIT_FRAMES}\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let adds = [
+        format!("{prog}:/bin/gmig-i915-blit"),
+        format!("{}:/bin/run-blit", run.display()),
+    ];
+    let Some(tools) = tools(dir.path(), &adds) else {
+        return;
+    };
+    let mut serve = Serve::start(gmig(), dir.path(), "gpu", &["--clients", "1"]);
+    let spec = VmSpec {
+        gpus: vec![serve.socket.clone()],
+        run: Some("/bin/i915-probe,300,after=/bin/run-blit".into()),
+        ..VmSpec::default()
+    };
+    let mut vm = Vm::start(&tools, &spec, dir.path(), "blit");
+    let console = vm.run_to_poweroff(Duration::from_secs(900), &serve);
+    let lines: Vec<&str> = console.lines().map(|l| l.trim_end_matches('\r')).collect();
+    let has = |l: &str| lines.contains(&l);
+    assert!(has("GMIG-I915: modprobe exit 0"), "modprobe i915 failed");
+    // i915 runs user contexts with their own 4-level PPGTT here (full PPGTT: 2), and soft-pins.
+    assert!(has("GMIG-BLIT: ppgtt 2 softpin 1"), "i915's PPGTT mode");
+    assert!(
+        has("GMIG-I915: /bin/run-blit exit 0"),
+        "the program failed (a mismatch, an ioctl error or a timeout)"
+    );
+    assert!(has("GMIG-I915: gt idle after"), "the GT did not park after");
+
+    // Every frame's checksum and the run's equal those computed here.
+    let (want_each, want_all) = scene::checksums(BLIT_FRAMES);
+    let mut times = Vec::new();
+    for (f, want) in want_each.iter().enumerate() {
+        let prefix = format!("GMIG-BLIT: frame {f} fnv ");
+        let line = lines
+            .iter()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no line for frame {f}"));
+        let mut it = line.split_whitespace();
+        assert_eq!(
+            it.next(),
+            Some(format!("{want:016x}").as_str()),
+            "frame {f}"
+        );
+        assert_eq!(it.next(), Some("ns"));
+        times.push(it.next().and_then(|t| t.parse::<u64>().ok()).unwrap());
+    }
+    let done = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("GMIG-BLIT: done "))
+        .expect("no final line");
+    let f: Vec<&str> = done.split_whitespace().collect();
+    assert_eq!(f.len(), 8, "{done}");
+    assert_eq!(
+        (f[0], f[1], f[2], f[4]),
+        (
+            "frames",
+            BLIT_FRAMES.to_string().as_str(),
+            "checksum",
+            "cpu"
+        )
+    );
+    let want = format!("{want_all:016x}");
+    assert_eq!(f[3], want, "the guest's checksum");
+    assert_eq!(f[5], want, "the guest's CPU checksum");
+    let ms: f64 = f[7].parse().unwrap();
+
+    let log = dmesg(&console);
+    assert!(
+        log.iter().any(|(_, l)| l.contains("gmig-i915: run")),
+        "no kernel log of the run"
+    );
+    assert_healthy(&console, &log, &serve);
+    let init = log
+        .iter()
+        .find(|(_, l)| l.contains("[drm] Initialized i915"))
+        .expect("i915 did not initialise");
+    let t1 = log
+        .iter()
+        .find(|(_, l)| l.ends_with("Virtual GPU for Intel GVT-g detected."))
+        .expect("no GVT-g detection");
+    times.sort_unstable();
+    eprintln!(
+        "i915 blitter (QEMU TCG, debug gmig serve): {BLIT_FRAMES} frames of {}x{} in {ms} ms: \
+         {:.0} fps (each frame: execbuf, wait, read back and compare on the CPU); execbuf to idle \
+         median {:.2} ms, max {:.2} ms; probe (GVT-g detected to Initialized) {:.2} s",
+        scene::W,
+        scene::H,
+        f64::from(BLIT_FRAMES) * 1000.0 / ms.max(1.0),
+        times[times.len() / 2] as f64 / 1e6,
+        times[times.len() - 1] as f64 / 1e6,
+        init.0 - t1.0
     );
     let _ = serve.child.wait();
 }
