@@ -10,6 +10,7 @@ use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Duration;
 
 use gmig_vfio_migration::DeviceState;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -42,6 +43,19 @@ pub enum ClientError {
         /// The errno.
         errno: i32,
     },
+    /// The server did not answer within the client's timeout ([`Client::set_timeout`]).
+    #[error("the server did not answer {command:?} within {after:?}")]
+    TimedOut {
+        /// The command.
+        command: Command,
+        /// The timeout.
+        after: Duration,
+    },
+    /// An earlier request broke the connection (the socket failed, timed out or carried a
+    /// malformed reply): nothing more is sent on it, since a late reply would be taken for the
+    /// next request's.
+    #[error("the connection to the vfio-user server broke earlier; no more requests go on it")]
+    Broken,
     /// The reply did not match the request.
     #[error("reply to {command:?} does not match: {what}")]
     Mismatch {
@@ -92,6 +106,8 @@ pub struct Client {
     local: Vec<LocalRegion>,
     dma_served: u64,
     rx: Vec<u8>,
+    timeout: Option<Duration>,
+    broken: bool,
 }
 
 impl Client {
@@ -105,6 +121,8 @@ impl Client {
             local: Vec::new(),
             dma_served: 0,
             rx: Vec::new(),
+            timeout: None,
+            broken: false,
         };
         let mut v = Vec::new();
         v.put16(0);
@@ -147,10 +165,52 @@ impl Client {
         Ok((self.rx.clone(), fds))
     }
 
-    /// Sends one command and waits for its reply, whose payload is left in `self.rx` (a buffer
-    /// kept from message to message: a megabyte allocated afresh per MIG_DATA_READ costs more in
-    /// page faults than the copy).
+    /// How long a request may wait for the socket (each read or write of it) before it fails
+    /// with [`ClientError::TimedOut`] (`None`: forever, the default). A server that hangs then
+    /// cannot hang the VMM; after a timeout the connection is [`ClientError::Broken`].
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<()> {
+        self.stream.set_read_timeout(timeout)?;
+        self.stream.set_write_timeout(timeout)?;
+        self.timeout = timeout;
+        Ok(())
+    }
+
+    /// Sends one command and waits for its reply, whose payload is left in `self.rx`. A failure
+    /// other than the server's refusal breaks the connection for good.
     fn exchange(&mut self, command: Command, payload: &[u8], fds: &[&File]) -> Result<Vec<File>> {
+        if self.broken {
+            return Err(ClientError::Broken);
+        }
+        let r = self.exchange_once(command, payload, fds);
+        match r {
+            Err(ClientError::Refused { .. }) | Ok(_) => r,
+            Err(ClientError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                self.broken = true;
+                Err(ClientError::TimedOut {
+                    command,
+                    after: self.timeout.unwrap_or_default(),
+                })
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// One request and its reply (a buffer kept from message to message: a megabyte allocated
+    /// afresh per MIG_DATA_READ costs more in page faults than the copy).
+    fn exchange_once(
+        &mut self,
+        command: Command,
+        payload: &[u8],
+        fds: &[&File],
+    ) -> Result<Vec<File>> {
         let id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let h = Header::command(id, command, payload.len());
