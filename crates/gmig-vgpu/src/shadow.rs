@@ -232,6 +232,15 @@ pub(crate) fn shadow_workload<S: ShadowSource>(
                 reason: "command outside the vGPU's slices",
             });
         }
+        tracing::trace!(
+            engine = engine.name(),
+            space = ?w.space,
+            addr = format_args!("{:#x}", w.addr),
+            level = ?w.ctx.level,
+            cmd = w.cmd.desc.name,
+            dwords = ?w.cmd.dwords,
+            "walked"
+        );
         audit_command_model(&w.cmd, &w.ctx, &guest).map_err(|err| WalkError::Audit {
             space: w.space,
             addr: w.addr,

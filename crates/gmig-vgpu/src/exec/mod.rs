@@ -567,4 +567,6 @@ fn run_3d(
 }
 
 #[cfg(test)]
+mod i915_tests;
+#[cfg(test)]
 mod tests;
