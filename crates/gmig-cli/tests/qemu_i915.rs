@@ -323,24 +323,39 @@ mod scene {
         h
     }
 
-    /// Each frame's checksum (FNV-1a over its little-endian pixels) and the run's (FNV-1a over
-    /// the frames' checksums).
-    pub fn checksums(frames: u32) -> (Vec<u64>, u64) {
+    /// Frame `f`'s checksum: FNV-1a over its little-endian pixels (the background covers the
+    /// whole frame, so a frame does not depend on the one before).
+    pub fn frame_checksum(f: u32) -> u64 {
         let mut fb = vec![0u32; W * H];
-        let mut each = Vec::new();
-        let mut all = FNV0;
-        for f in 0..frames {
-            frame(&mut fb, f);
-            let h = fnv(FNV0, fb.iter().flat_map(|p| p.to_le_bytes()));
-            all = fnv(all, h.to_le_bytes());
-            each.push(h);
-        }
-        (each, all)
+        frame(&mut fb, f);
+        fnv(FNV0, fb.iter().flat_map(|p| p.to_le_bytes()))
+    }
+
+    /// A run's checksum: FNV-1a over its frames' checksums, in order.
+    pub fn run_checksum(frames: impl IntoIterator<Item = u64>) -> u64 {
+        frames
+            .into_iter()
+            .fold(FNV0, |all, h| fnv(all, h.to_le_bytes()))
     }
 }
 
-/// Frames the blitter test renders.
-const BLIT_FRAMES: u32 = 60;
+/// The blitter runs: `(first frame, frames)`. The first alone (its time gives the frame rate),
+/// then two at once, each with its own file descriptor and so its own PPGTT, drawing different
+/// frames at the same PPGTT addresses.
+const ALONE: (u32, u32) = (0, 60);
+const TOGETHER: [(u32, u32); 2] = [(1000, 30), (2000, 30)];
+
+/// The guest's side of the blitter test: the runs above, then `GMIG-BLIT: together exit A B`.
+fn blit_script() -> String {
+    let run = |(first, n): (u32, u32)| format!("/bin/gmig-i915-blit {n} {first}");
+    format!(
+        "#!/bin/sh\n{} || exit 1\n{} &\na=$!\n{} &\nb=$!\nwait $a; ra=$?\nwait $b; rb=$?\n\
+         echo \"GMIG-BLIT: together exit $ra $rb\"\n[ $ra = 0 ] && [ $rb = 0 ]\n",
+        run(ALONE),
+        run(TOGETHER[0]),
+        run(TOGETHER[1])
+    )
+}
 
 #[test]
 fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
@@ -355,11 +370,7 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
     .pop()
     .expect("build-i915.sh printed no path");
     let run = dir.path().join("run-blit");
-    std::fs::write(
-        &run,
-        format!("#!/bin/sh\nexec /bin/gmig-i915-blit {BLIT_FRAMES}\n"),
-    )
-    .unwrap();
+    std::fs::write(&run, blit_script()).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
     let adds = [
@@ -383,48 +394,57 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
     // i915 runs user contexts with their own 4-level PPGTT here (full PPGTT: 2), and soft-pins.
     assert!(has("GMIG-BLIT: ppgtt 2 softpin 1"), "i915's PPGTT mode");
     assert!(
+        has("GMIG-BLIT: together exit 0 0"),
+        "a concurrent run failed"
+    );
+    assert!(
         has("GMIG-I915: /bin/run-blit exit 0"),
         "the program failed (a mismatch, an ioctl error or a timeout)"
     );
     assert!(has("GMIG-I915: gt idle after"), "the GT did not park after");
 
-    // Every frame's checksum and the run's equal those computed here.
-    let (want_each, want_all) = scene::checksums(BLIT_FRAMES);
+    // Every frame's checksum and each run's equal those computed here.
+    let frames: std::collections::BTreeMap<u32, (String, u64)> = lines
+        .iter()
+        .filter_map(|l| l.strip_prefix("GMIG-BLIT: frame "))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                [n, "fnv", h, "ns", t] => Some((n.parse().ok()?, (h.to_string(), t.parse().ok()?))),
+                _ => None,
+            }
+        })
+        .collect();
+    let mut alone_ms = 0.0;
     let mut times = Vec::new();
-    for (f, want) in want_each.iter().enumerate() {
-        let prefix = format!("GMIG-BLIT: frame {f} fnv ");
-        let line = lines
+    for (i, &(first, n)) in std::iter::once(&ALONE).chain(&TOGETHER).enumerate() {
+        let want: Vec<u64> = (first..first + n).map(scene::frame_checksum).collect();
+        for (f, w) in (first..).zip(&want) {
+            let (got, ns) = frames
+                .get(&f)
+                .unwrap_or_else(|| panic!("no line for frame {f}"));
+            assert_eq!(got, &format!("{w:016x}"), "frame {f}");
+            if i == 0 {
+                times.push(*ns);
+            }
+        }
+        let prefix = format!("GMIG-BLIT: done first {first} frames {n} checksum ");
+        let done = lines
             .iter()
             .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no line for frame {f}"));
-        let mut it = line.split_whitespace();
+            .unwrap_or_else(|| panic!("no final line for the run from frame {first}"));
+        let f: Vec<&str> = done.split_whitespace().collect();
+        let want = format!("{:016x}", scene::run_checksum(want));
+        assert_eq!(f.len(), 5, "{done}");
         assert_eq!(
-            it.next(),
-            Some(format!("{want:016x}").as_str()),
-            "frame {f}"
+            (f[0], f[1], f[2]),
+            (want.as_str(), "cpu", want.as_str()),
+            "{done}"
         );
-        assert_eq!(it.next(), Some("ns"));
-        times.push(it.next().and_then(|t| t.parse::<u64>().ok()).unwrap());
+        if i == 0 {
+            alone_ms = f[4].parse().unwrap();
+        }
     }
-    let done = lines
-        .iter()
-        .find_map(|l| l.strip_prefix("GMIG-BLIT: done "))
-        .expect("no final line");
-    let f: Vec<&str> = done.split_whitespace().collect();
-    assert_eq!(f.len(), 8, "{done}");
-    assert_eq!(
-        (f[0], f[1], f[2], f[4]),
-        (
-            "frames",
-            BLIT_FRAMES.to_string().as_str(),
-            "checksum",
-            "cpu"
-        )
-    );
-    let want = format!("{want_all:016x}");
-    assert_eq!(f[3], want, "the guest's checksum");
-    assert_eq!(f[5], want, "the guest's CPU checksum");
-    let ms: f64 = f[7].parse().unwrap();
 
     let log = dmesg(&console);
     assert!(
@@ -442,12 +462,13 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
         .expect("no GVT-g detection");
     times.sort_unstable();
     eprintln!(
-        "i915 blitter (QEMU TCG, debug gmig serve): {BLIT_FRAMES} frames of {}x{} in {ms} ms: \
+        "i915 blitter (QEMU TCG, debug gmig serve): {} frames of {}x{} in {alone_ms} ms: \
          {:.0} fps (each frame: execbuf, wait, read back and compare on the CPU); execbuf to idle \
          median {:.2} ms, max {:.2} ms; probe (GVT-g detected to Initialized) {:.2} s",
+        ALONE.1,
         scene::W,
         scene::H,
-        f64::from(BLIT_FRAMES) * 1000.0 / ms.max(1.0),
+        f64::from(ALONE.1) * 1000.0 / f64::max(alone_ms, 1.0),
         times[times.len() / 2] as f64 / 1e6,
         times[times.len() - 1] as f64 / 1e6,
         init.0 - t1.0

@@ -7,13 +7,17 @@
  *
  *   GMIG-BLIT: ppgtt <I915_PARAM_HAS_ALIASING_PPGTT> softpin <I915_PARAM_HAS_EXEC_SOFTPIN>
  *   GMIG-BLIT: frame <n> fnv <frame checksum, hex> ns <submit to idle>
- *   GMIG-BLIT: done frames <N> checksum <all frames, hex> cpu <the CPU's, hex> ms <total>
+ *   GMIG-BLIT: done first <F> frames <N> checksum <all frames, hex> cpu <the CPU's, hex> ms <total>
  *
  * and exits 0 only when every frame and every stored dword matched. The image, the checksum and
  * the frame recipe are specified here and recomputed independently by
  * crates/gmig-cli/tests/qemu_i915.rs; keep the two in step.
  *
- *   usage: gmig-i915-blit [FRAMES] [DEVICE]    (defaults 8, /dev/dri/card0)
+ *   usage: gmig-i915-blit [FRAMES] [FIRST] [DEVICE]    (defaults 8, 0, /dev/dri/card0)
+ *
+ * renders frames FIRST .. FIRST+FRAMES-1 (each frame's picture depends on its number only), so
+ * that several instances, each with its own file descriptor and so its own PPGTT, draw different
+ * pictures at the same PPGTT addresses.
  *
  * Objects are soft-pinned (EXEC_OBJECT_PINNED) at fixed PPGTT addresses, one of them above 512
  * GiB so that the GPU's walk uses a second PML4 entry. The uAPI structures and ioctl numbers are
@@ -307,7 +311,8 @@ static uint64_t now_ns(void) {
 
 int main(int argc, char **argv) {
     uint32_t frames = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 0) : 8;
-    const char *dev = argc > 2 ? argv[2] : "/dev/dri/card0";
+    uint32_t first = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 0) : 0;
+    const char *dev = argc > 3 ? argv[3] : "/dev/dri/card0";
     setvbuf(stdout, NULL, _IOLBF, 0);
     fd = open(dev, O_RDWR | O_CLOEXEC);
     if (fd < 0) fail(dev);
@@ -342,7 +347,7 @@ int main(int argc, char **argv) {
     };
     uint64_t all = FNV0, all_cpu = FNV0, t_start = now_ns();
     int bad = 0;
-    for (uint32_t f = 0; f < frames; f++) {
+    for (uint32_t f = first; f < first + frames; f++) {
         cpu_domain(h_batch, 1);
         uint32_t len = build_batch(batch, f);
         struct execbuffer2 eb = {
@@ -395,7 +400,7 @@ int main(int argc, char **argv) {
                (unsigned long long)(t1 - t0));
     }
     uint64_t ms = (now_ns() - t_start) / 1000000;
-    printf("GMIG-BLIT: done frames %u checksum %016llx cpu %016llx ms %llu%s\n", frames,
+    printf("GMIG-BLIT: done first %u frames %u checksum %016llx cpu %016llx ms %llu%s\n", first, frames,
            (unsigned long long)all, (unsigned long long)all_cpu, (unsigned long long)ms,
            bad || all != all_cpu ? " MISMATCH" : "");
     return bad || all != all_cpu ? 1 : 0;
