@@ -23,8 +23,8 @@
 //! destination stale copies of what the vGPU wrote, and a different checksum; a source that
 //! offers no DMA logging (`--x-dma-log off`) makes QEMU refuse the migration with the reason; a
 //! destination that does not remap (`--x-no-remap`) faults; a server without migration
-//! (`--x-no-migration`) blocks it with the reason. A destination killed mid-stream leaves the
-//! source running, and its guest prints the reference checksum.
+//! (`--x-no-migration`) blocks it with the reason. A destination QEMU or its server killed mid-stream
+//! leaves the source running, and its guest prints the reference checksum.
 //!
 //! The tests run one at a time (a lock): each runs up to three QEMUs under TCG.
 //!
@@ -439,15 +439,29 @@ fn without_remapping_the_destination_vgpu_faults() {
     assert_ne!(checksum_line(&console).as_deref(), Some(want.as_str()));
 }
 
-#[test]
-fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
+/// What dies on the destination side in the middle of a migration.
+#[derive(Clone, Copy, Debug)]
+enum Victim {
+    /// The destination QEMU (SIGKILL).
+    Qemu,
+    /// The destination's `gmig serve` (SIGKILL): its QEMU loses the vGPU mid-load.
+    Server,
+}
+
+/// Kills `victim` once 8 MiB of RAM crossed (32 MiB/s, so the stream still runs), then checks
+/// that the source runs its guest to the reference checksum. A destination QEMU that dies breaks
+/// the stream and the source's `migrate` fails; one whose server dies fails its load and exits,
+/// which the source may hear only after it sent everything (QEMU without a return path calls
+/// that `completed` and leaves the source paused in `postmigrate`, where a manager such as
+/// libvirt resumes it with `cont` when the destination does not start): the test does the same.
+fn kill_mid_stream_and_check_the_source(victim: Victim, tag: &str) {
     let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let Some(tools) = tools(dir.path()) else {
         return;
     };
     let want = reference(&tools, dir.path(), "desktop", FRAMES);
-    let mut p = pair(&tools, dir.path(), "killed", "desktop", &[], &[]);
+    let mut p = pair(&tools, dir.path(), tag, "desktop", &[], &[]);
     wait_rendering(&mut p);
     // Slow enough (32 MiB/s) that the stream is still running when the destination dies.
     let answer = p.start_migration(r#"{"downtime-limit":300,"max-bandwidth":33554432}"#);
@@ -461,17 +475,39 @@ fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
             p.logs()
         );
         if q["ram"]["transferred"].as_u64().unwrap_or(0) > 8 << 20 {
-            eprintln!("killing the destination at: {q}");
+            eprintln!("killing the destination's {victim:?} at: {q}");
             break;
         }
         assert!(t.elapsed() < Duration::from_secs(120), "{q}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    p.dst.kill();
+    match victim {
+        Victim::Qemu => p.dst.kill(),
+        Victim::Server => {
+            let _ = p.dst_serve.child.kill();
+            let _ = p.dst_serve.child.wait();
+        }
+    }
     let q = p.wait_migration();
     eprintln!("query-migrate: {q}");
-    assert_eq!(q["status"], "failed", "{q}");
-    let state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    let mut state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    match victim {
+        Victim::Qemu => assert_eq!(q["status"], "failed", "{q}"),
+        Victim::Server => {
+            // The destination must not run the guest without its vGPU.
+            let dst_ended = p.dst.wait_exit(Duration::from_secs(60));
+            assert!(
+                dst_ended.is_some_and(|s| !s.success()),
+                "the destination QEMU went on without its vGPU server ({dst_ended:?}):\n{}",
+                p.logs()
+            );
+            if state["status"] == "postmigrate" {
+                eprintln!("the source is paused in postmigrate: cont, as libvirt does");
+                qmp(&mut p.src, r#"{"execute":"cont"}"#);
+                state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+            }
+        }
+    }
     assert_eq!(state["status"], "running", "{state}\n{}", p.logs());
     // The source's device went back to RUNNING and the guest finishes there, unharmed.
     let status = p.src.wait_exit(Duration::from_secs(600));
@@ -487,4 +523,14 @@ fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
         "{}",
         p.logs()
     );
+}
+
+#[test]
+fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
+    kill_mid_stream_and_check_the_source(Victim::Qemu, "killed");
+}
+
+#[test]
+fn a_destination_server_killed_mid_stream_leaves_the_source_running_intact() {
+    kill_mid_stream_and_check_the_source(Victim::Server, "server-killed");
 }
