@@ -39,10 +39,30 @@ fn guest_config(a: &VmGuestArgs) -> anyhow::Result<GuestConfig> {
 }
 
 fn vgpu(a: &VmGuestArgs) -> anyhow::Result<Box<dyn GpuLink>> {
+    vgpu_within(a, None)
+}
+
+/// The vGPU; one over vfio-user fails any request its server leaves unanswered past `timeout`
+/// (a migrating VMM gives it half the hand-over timeout, so that it can still tell its peer in
+/// time that its vGPU is gone).
+fn vgpu_within(
+    a: &VmGuestArgs,
+    timeout: Option<std::time::Duration>,
+) -> anyhow::Result<Box<dyn GpuLink>> {
     Ok(match &a.vgpu_socket {
-        Some(path) => Box::new(Remote::connect(path)?),
+        Some(path) => {
+            let mut r = Remote::connect(path)?;
+            r.0.set_timeout(timeout)
+                .context("the vGPU connection's timeout")?;
+            Box::new(r)
+        }
         None => linked_vgpu(VgpuType::V5_8, a.slot)?,
     })
+}
+
+/// [`vgpu_within`] half the hand-over timeout.
+fn migrating_vgpu(a: &VmMigrateArgs) -> anyhow::Result<Box<dyn GpuLink>> {
+    vgpu_within(&a.guest, Some(a.hand_over.timeout()? / 2))
 }
 
 fn finish(m: &mut Machine, json: bool, extra: serde_json::Value) -> Result<(), Failure> {
@@ -70,8 +90,16 @@ fn finish(m: &mut Machine, json: bool, extra: serde_json::Value) -> Result<(), F
 
 /// The destination runs the VM to its end and says what it did after the switch-over.
 fn finish_migrated(m: &mut Machine, inc: &Incoming, json: bool) -> Result<(), Failure> {
-    if m.run(RUN_TO_END).context("running the guest")? != Stop::Halted {
-        return Err(anyhow!("the guest did not halt").into());
+    // The VM is this side's alone now: if it cannot run on (its vGPU's process died), it is lost.
+    let lost = |e: anyhow::Error| Failure::Migration {
+        error: e.context("the VM ran here after the hand-over and cannot run on; it is lost"),
+        fields: side_fields("destination", "vm", "none"),
+        in_doubt: false,
+    };
+    match m.run(RUN_TO_END).context("running the guest") {
+        Ok(Stop::Halted) => {}
+        Ok(_) => return Err(lost(anyhow!("the guest did not halt"))),
+        Err(e) => return Err(lost(e)),
     }
     let work = Progress::of(m).work_since(&inc.at_restore);
     if !json {
@@ -224,6 +252,8 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
     }
     match (&a.listen, &a.to) {
         (Some(addr), None) => {
+            // The vGPU first: a destination without one fails before it accepts a source.
+            let link = migrating_vgpu(a)?;
             let listener =
                 TcpListener::bind(addr).with_context(|| format!("listening on {addr}"))?;
             if !json {
@@ -234,7 +264,7 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
             }
             let (conn, peer) = listener.accept().context("accepting the source")?;
             let mut conn = Journaled::new(conn, a, "destination")?;
-            let (mut m, inc) = match migrate_in(&mut conn, vgpu(&a.guest)?) {
+            let (mut m, inc) = match migrate_in(&mut conn, link) {
                 Ok(r) => r,
                 Err(e) if e.in_doubt() => return Err(vm_in_doubt(conn, "destination", e)),
                 Err(e) => {
@@ -256,7 +286,7 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
         }
         (None, Some(addr)) => {
             let cfg = guest_config(&a.guest)?;
-            let mut m = Machine::boot(a.guest.ram_mib << 20, &cfg, vgpu(&a.guest)?)
+            let mut m = Machine::boot(a.guest.ram_mib << 20, &cfg, migrating_vgpu(a)?)
                 .context("booting the VM")?;
             let bar = (!json).then(|| {
                 let b = indicatif::ProgressBar::new(a.at_frame);
@@ -295,11 +325,22 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                     // Nothing was committed: the VM carries on here.
                     drop(conn);
                     eprintln!("gmig vm: migration failed, the VM keeps running here: {e}");
-                    finish(
+                    if let Err(run) = finish(
                         &mut m,
                         json,
                         serde_json::json!({ "migrated": false, "vm": "running", "role": "source" }),
-                    )?;
+                    ) {
+                        // Its vGPU is gone (its process died or hangs): nothing here can run
+                        // the VM, and no other side holds it.
+                        return Err(Failure::Migration {
+                            error: anyhow!(e).context(format!(
+                                "migrating the VM failed and the VM cannot run here either ({}); it is lost",
+                                run_error(run)
+                            )),
+                            fields: side_fields("source", "vm", "none"),
+                            in_doubt: false,
+                        });
+                    }
                     return Err(Failure::Migration {
                         error: anyhow!(e).context("migrating the VM"),
                         fields: side_fields("source", "vm", "running"),
@@ -321,6 +362,14 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
             Ok(())
         }
         _ => Err(anyhow!("give either --listen ADDR or --to ADDR").into()),
+    }
+}
+
+/// Why [`finish`] failed, in one line.
+fn run_error(f: Failure) -> String {
+    match f {
+        Failure::Error(e) | Failure::Migration { error: e, .. } => format!("{e:#}"),
+        Failure::Check(c) => c,
     }
 }
 
