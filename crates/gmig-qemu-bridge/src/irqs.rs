@@ -97,13 +97,17 @@ impl Irqs {
         Ok(())
     }
 
-    /// The device raised an interrupt: MSI when the guest enabled it, else INTx unless the guest
-    /// disabled it in the command register.
-    pub(crate) fn raise(&mut self, msi_enabled: bool, intx_enabled: bool) {
-        if msi_enabled {
-            if let Some(f) = self.msi.as_mut() {
-                signal(f);
-            }
+    /// The device raised an interrupt: MSI while the client has armed it (an MSI trigger
+    /// eventfd set by SET_IRQS), else INTx unless the guest disabled it in the command register.
+    ///
+    /// As with kernel vfio-pci, SET_IRQS is what enables MSI, not the capability's enable bit in
+    /// the function's configuration space: QEMU emulates that capability and arms MSI when the
+    /// guest enables it. A migration destination shows why it matters: QEMU restores the
+    /// capability in its own copy of configuration space and arms MSI, but never writes the
+    /// enable bit to the device.
+    pub(crate) fn raise(&mut self, intx_enabled: bool) {
+        if let Some(f) = self.msi.as_mut() {
+            signal(f);
         } else if intx_enabled {
             self.assert_intx();
         }

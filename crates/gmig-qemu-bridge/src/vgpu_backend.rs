@@ -223,7 +223,7 @@ impl VgpuBackend {
     }
 
     /// Runs the work the guest queued (at most `max` workloads) and signals MSI (or INTx, while
-    /// MSI is off) when it raised an interrupt.
+    /// MSI is not armed) when it raised an interrupt.
     fn run_gpu(&mut self, max: Option<usize>) {
         let Some(vm) = self.vm_mut() else {
             return;
@@ -242,7 +242,7 @@ impl VgpuBackend {
         if raised != self.irqs_seen {
             self.irqs_seen = raised;
             let intx = self.config.command() & pci::CMD_INTX_DISABLE == 0;
-            self.irqs.raise(self.config.msi().is_some(), intx);
+            self.irqs.raise(intx);
         }
     }
 }

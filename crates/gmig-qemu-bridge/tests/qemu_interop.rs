@@ -561,6 +561,61 @@ fn the_gpus_interrupts_go_by_intx_until_the_guest_enables_msi() {
 }
 
 #[test]
+fn msi_armed_by_set_irqs_is_used_without_the_capabilitys_enable_bit() {
+    // A migration destination: QEMU restores MSI in its own copy of the configuration space and
+    // arms it with SET_IRQS, but never writes the capability's enable bit to the device (kernel
+    // vfio-pci has the same split). The interrupts must go by MSI all the same.
+    let (s, _) = gmig_test_support::moved_slices(TY);
+    let (path, server, _dir) = spawn_with(s, 1, Some(Profile::Desktop));
+    let mut c = Client::connect(&path).unwrap();
+    let ram = ram_file(32 << 20);
+    c.dma_map(&ram, 0, 0, 32 << 20).unwrap();
+    let (tx, mut rx) = signal_pair();
+    set_irqs(
+        &mut c,
+        INTX,
+        DATA_EVENTFD | ACTION_TRIGGER,
+        (0, 1),
+        &[],
+        &[&tx],
+    )
+    .unwrap();
+    let (mtx, mut mrx) = signal_pair();
+    set_irqs(
+        &mut c,
+        MSI,
+        DATA_EVENTFD | ACTION_TRIGGER,
+        (0, 1),
+        &[],
+        &[&mtx],
+    )
+    .unwrap();
+    let cap = u64::from(c.region_read(CONFIG, 0x34, 1).unwrap()[0]);
+    assert_eq!(
+        c.region_read(CONFIG, cap + 2, 1).unwrap()[0] & 1,
+        0,
+        "MSI off in config space"
+    );
+    let work = |c: &mut Client| {
+        for _ in 0..12 {
+            c.region_read(CONFIG, 0, 4).unwrap();
+        }
+        c.region_write(0, u64::from(mmio::VGT_PVINFO_PAGE) + 0x800, &[0; 4])
+            .unwrap();
+    };
+    work(&mut c);
+    assert!(signals(&mut mrx) >= 1, "MSI");
+    assert_eq!(signals(&mut rx), 0, "no INTx while MSI is armed");
+    // Disarmed (count 0): back to INTx.
+    set_irqs(&mut c, MSI, DATA_NONE | ACTION_TRIGGER, (0, 0), &[], &[]).unwrap();
+    work(&mut c);
+    assert_eq!(signals(&mut mrx), 0);
+    assert_eq!(signals(&mut rx), 1, "INTx");
+    drop(c);
+    server.join().unwrap();
+}
+
+#[test]
 fn memory_that_changes_during_a_migration_is_followed_once_it_ends() {
     use gmig_vfio_migration::DeviceState;
     let (s, _) = gmig_test_support::moved_slices(TY);
