@@ -1,19 +1,31 @@
-//! Linux's own i915 driver probes the gmig vGPU as a GVT-g guest (issue 32, stage 1).
+//! Linux's own i915 driver on the gmig vGPU as a GVT-g guest (issue 32, stages 1 and 2).
 //!
 //! QEMU 10.2.2 (TCG) attaches `gmig serve`; the guest is Debian's `linux-image-amd64` (i915 is a
 //! module there; the cloud kernel has none) with i915 and the modules it depends on in a busybox
 //! initramfs (`scripts/qemu/guest.sh --modules i915`). A script in the guest loads i915, waits
-//! for it and for the GT to go idle, then prints the kernel log and debugfs `i915_wedged` on the
-//! serial console. The test checks i915's lines one by one: the GVT-g PV info page was found,
-//! everything outside the vGPU's slices was ballooned, i915 initialised on the vGPU's PCI
-//! address, nothing hung, wedged, reset or failed, and the GT is idle and not wedged. It prints
-//! the probe time measured by the guest's kernel log.
+//! for it and for the GT to go idle, optionally runs a program and waits for the GT again, then
+//! prints the kernel log and debugfs `i915_wedged` on the serial console.
+//!
+//! - Probe (stage 1): i915's lines one by one — the GVT-g PV info page was found, everything
+//!   outside the vGPU's slices was ballooned, i915 initialised on the vGPU's PCI address; nothing
+//!   hung, wedged, reset or failed; the GT is idle and not wedged. Prints the probe time.
+//! - Work (stage 2): `gmig-i915-blit` (`crates/gmig-vmm/guest/i915.c`) renders frames on the
+//!   blitter through i915's uAPI in its context's PPGTT, alone and then two at once (two
+//!   PPGTTs); every frame's checksum is checked against this file's own computation of the
+//!   scene. Prints frames per second.
+//! - Migration: the same program, live-migrated by QEMU (with `integrations/qemu/patches`) after
+//!   frame 100 to a destination whose vGPU sits in another host slot (i915's GGTT addresses are
+//!   remapped); every frame before and after the switch-over is checked, and no frame waits on
+//!   i915's timers for a lost interrupt.
+//!
+//! The tests run one at a time (a lock).
 //!
 //! Skips (loudly) only where QEMU's source tarball is not beside the repository
 //! (`../shared/qemu`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use gmig_test_support::qemu::{qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec};
@@ -21,6 +33,13 @@ use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
+}
+
+/// One test at a time: each runs QEMU under TCG (the migration test two), on two cores.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The guest's side (`i915-probe LIMIT [after=PROG] [i915 parameters]`): loads i915, waits up
@@ -175,8 +194,9 @@ fn expected_lines() -> Vec<String> {
 }
 
 /// Nothing hung, wedged, reset or failed (no driver error or kernel warning in `log`), the GT
-/// parked and `i915_wedged` is 0, and the server refused nothing i915 submitted.
-fn assert_healthy(console: &str, log: &[(f64, String)], serve: &Serve) {
+/// parked and `i915_wedged` is 0, and the server logged none of `bad` (it refused nothing i915
+/// submitted).
+fn assert_healthy(console: &str, log: &[(f64, String)], serve: &Serve, bad: &[&str]) {
     for (_, l) in log {
         let lower = l.to_lowercase();
         for bad in [
@@ -195,17 +215,27 @@ fn assert_healthy(console: &str, log: &[(f64, String)], serve: &Serve) {
             assert!(!lower.contains(bad), "kernel log: {l}");
         }
     }
-    let has = |l: &str| console.lines().any(|c| c.trim_end_matches('\r') == l);
-    assert!(has("GMIG-I915: gt idle"), "the GT did not go idle");
-    assert!(has("GMIG-I915: i915_wedged 0"), "i915_wedged is not 0");
+    let lines = || console.lines().map(|c| c.trim_end_matches('\r'));
+    assert!(
+        lines().any(|l| l.starts_with("GMIG-I915: gt idle")),
+        "the GT did not go idle"
+    );
+    assert!(
+        lines().any(|l| l == "GMIG-I915: i915_wedged 0"),
+        "i915_wedged is not 0"
+    );
     let server = serve.log_text();
-    for bad in ["fault", "ERROR", "WARN"] {
+    for bad in bad {
         assert!(!server.contains(bad), "the server logged {bad}: {server}");
     }
 }
 
+/// What the server must not log: a refused or faulted submission, an error, a warning.
+const SERVER_CLEAN: [&str; 3] = ["fault", "ERROR", "WARN"];
+
 #[test]
 fn linux_i915_probes_the_vgpu_as_a_gvt_g_guest() {
+    let _one = serial();
     let dir = tempfile::tempdir().unwrap();
     let Some(tools) = tools(dir.path(), &[]) else {
         return;
@@ -242,7 +272,7 @@ fn linux_i915_probes_the_vgpu_as_a_gvt_g_guest() {
         .iter()
         .find(|(_, l)| l.contains("[drm] Initialized i915") && l.contains(&format!("for {addr} ")))
         .unwrap_or_else(|| panic!("i915 did not initialise on {addr}"));
-    assert_healthy(&console, &log, &serve);
+    assert_healthy(&console, &log, &serve, &SERVER_CLEAN);
     // Probe time, by the guest's clock: from modprobe (dependencies loaded first) and from the
     // PV info page's detection, to "Initialized".
     let (t0, _) = log
@@ -357,27 +387,34 @@ fn blit_script() -> String {
     )
 }
 
-#[test]
-fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
-    let dir = tempfile::tempdir().unwrap();
+/// QEMU and a guest with i915, `gmig-i915-blit` and `/bin/run-blit` (`script`), or `None` (said
+/// loudly) where QEMU's source is not here.
+fn blit_tools(dir: &Path, script_text: &str) -> Option<Tools> {
     if !qemu_source_present() {
-        return;
+        return None;
     }
     let prog = script(&[
         "crates/gmig-vmm/guest/build-i915.sh",
-        &dir.path().join("gmig-i915-blit").to_string_lossy(),
+        &dir.join("gmig-i915-blit").to_string_lossy(),
     ])
     .pop()
     .expect("build-i915.sh printed no path");
-    let run = dir.path().join("run-blit");
-    std::fs::write(&run, blit_script()).unwrap();
+    let run = dir.join("run-blit");
+    std::fs::write(&run, script_text).unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
     let adds = [
         format!("{prog}:/bin/gmig-i915-blit"),
         format!("{}:/bin/run-blit", run.display()),
     ];
-    let Some(tools) = tools(dir.path(), &adds) else {
+    tools(dir, &adds)
+}
+
+#[test]
+fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = blit_tools(dir.path(), &blit_script()) else {
         return;
     };
     let mut serve = Serve::start(gmig(), dir.path(), "gpu", &["--clients", "1"]);
@@ -451,7 +488,7 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
         log.iter().any(|(_, l)| l.contains("gmig-i915: run")),
         "no kernel log of the run"
     );
-    assert_healthy(&console, &log, &serve);
+    assert_healthy(&console, &log, &serve, &SERVER_CLEAN);
     let init = log
         .iter()
         .find(|(_, l)| l.contains("[drm] Initialized i915"))
@@ -474,4 +511,154 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
         init.0 - t1.0
     );
     let _ = serve.child.wait();
+}
+
+/// Frames the migrated guest renders, and the frame after which the source is told to migrate.
+const MIGRATED_FRAMES: u32 = 1500;
+const MIGRATE_AFTER: u32 = 100;
+
+/// `frame N fnv H ns T` lines: frame number to (checksum, nanoseconds).
+fn blit_frames(console: &str) -> std::collections::BTreeMap<u32, (String, u64)> {
+    console
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("GMIG-BLIT: frame "))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                [n, "fnv", h, "ns", t] => Some((n.parse().ok()?, (h.to_string(), t.parse().ok()?))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
+    use gmig_test_support::qemu::pair::{qmp_return, Pair};
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = format!("#!/bin/sh\nexec /bin/gmig-i915-blit {MIGRATED_FRAMES} 0\n");
+    let Some(tools) = blit_tools(dir.path(), &run) else {
+        return;
+    };
+    let help = Command::new(&tools.qemu)
+        .args(["-device", "vfio-user-pci,help"])
+        .output()
+        .expect("qemu -device vfio-user-pci,help");
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("enable-migration"),
+        "{} has no vfio-user migration (integrations/qemu/patches)",
+        tools.qemu.display()
+    );
+    // The source's vGPU in host slot 0, the destination's in slot 1: i915's GGTT addresses (rings,
+    // context images, status pages, breadcrumbs) move and are remapped; its PPGTTs do not.
+    let mut p = Pair::start(
+        gmig(),
+        &tools,
+        dir.path(),
+        "i915",
+        &[],
+        &[],
+        |socket, extra| VmSpec {
+            gpus: vec![socket.to_path_buf()],
+            run: Some("/bin/i915-probe,300,after=/bin/run-blit".into()),
+            ram_mib: 256,
+            extra,
+            ..VmSpec::default()
+        },
+    );
+    let after = format!("GMIG-BLIT: frame {MIGRATE_AFTER} ");
+    p.wait_source(|l| l.starts_with(&after));
+    let answer = p.start_migration(r#"{"downtime-limit":300}"#);
+    assert!(
+        answer.contains("\"return\""),
+        "migrate: {answer}\n{}",
+        p.logs()
+    );
+    let q = p.wait_migration();
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    assert!(
+        q["vfio"]["transferred"].as_u64().unwrap_or(0) > 0,
+        "no device state moved: {q}"
+    );
+    let src_state = qmp_return(&mut p.src, r#"{"execute":"query-status"}"#);
+    assert_eq!(src_state["status"], "postmigrate", "{src_state}");
+    let console = p.finish();
+    let logs = p.logs();
+
+    // The source printed frames 0..=L, the destination (its console holds only what the guest
+    // printed after the switch-over) L+1.. to the end: every frame once, each as computed here.
+    let before = blit_frames(&p.src.console());
+    let after = blit_frames(&console);
+    let last_src = *before.keys().last().expect("the source rendered no frame");
+    let first_dst = *after
+        .keys()
+        .next()
+        .unwrap_or_else(|| panic!("the destination rendered no frame:\n{logs}"));
+    eprintln!(
+        "i915 migration: source frames 0..={last_src}, destination {first_dst}..={}; downtime {} \
+         ms, total {} ms, vfio {} bytes",
+        after.keys().last().unwrap(),
+        q["downtime"],
+        q["total-time"],
+        q["vfio"]["transferred"]
+    );
+    assert!(
+        last_src + 1 < MIGRATED_FRAMES,
+        "the guest finished on the source:\n{logs}"
+    );
+    assert!(
+        first_dst <= last_src + 1,
+        "frames missing between {last_src} and {first_dst}"
+    );
+    let mut all = before.clone();
+    all.extend(after.clone());
+    let want: Vec<u64> = (0..MIGRATED_FRAMES).map(scene::frame_checksum).collect();
+    for (f, w) in (0..).zip(&want) {
+        let (got, _) = all
+            .get(&f)
+            .unwrap_or_else(|| panic!("no line for frame {f}:\n{logs}"));
+        assert_eq!(got, &format!("{w:016x}"), "frame {f}");
+    }
+    let run_sum = format!("{:016x}", scene::run_checksum(want));
+    let done = format!(
+        "GMIG-BLIT: done first 0 frames {MIGRATED_FRAMES} checksum {run_sum} cpu {run_sum} ms "
+    );
+    let lines: Vec<&str> = console.lines().map(|l| l.trim_end_matches('\r')).collect();
+    assert!(
+        lines.iter().any(|l| l.starts_with(&done)),
+        "the destination's final line differs from {done}…:\n{logs}"
+    );
+    assert!(
+        lines.contains(&"GMIG-I915: /bin/run-blit exit 0"),
+        "the program failed on the destination:\n{logs}"
+    );
+    assert!(
+        lines.contains(&"GMIG-I915: gt idle after"),
+        "the GT did not park"
+    );
+    // The kernel log (all of it, since modprobe: it moved with guest RAM): no hang, reset or
+    // error; the destination's server faulted nothing (it warns about guest memory mapped while
+    // the stream was loading, as in every QEMU migration).
+    let log = dmesg(&console);
+    assert!(!log.is_empty(), "no kernel log on the destination:\n{logs}");
+    assert_healthy(&console, &log, &p.dst_serve, &["fault", "ERROR"]);
+    // The frames around the switch-over: their wait took the downtime, not i915's timers.
+    let slowest = after
+        .iter()
+        .chain(before.iter().rev().take(20))
+        .map(|(f, (_, ns))| (*ns, *f))
+        .max()
+        .unwrap();
+    eprintln!(
+        "i915 migration: slowest frame near or after the switch-over: frame {} took {:.1} ms",
+        slowest.1,
+        slowest.0 as f64 / 1e6
+    );
+    assert!(
+        slowest.0 < 1_000_000_000,
+        "frame {} waited {} ms (lost interrupts?)",
+        slowest.1,
+        slowest.0 / 1_000_000
+    );
 }
