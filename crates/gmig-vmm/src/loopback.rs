@@ -41,6 +41,9 @@ pub struct LoopbackReport {
     /// The largest TSC gap the guest saw in its wait loop on the destination, µs (with KVM
     /// emulating MMIO in software, ordinary exits can exceed the downtime).
     pub guest_max_gap_us: f64,
+    /// The same in the unmigrated run of the same guest: the baseline the migrated run's gap is
+    /// judged against.
+    pub unmigrated_max_gap_us: f64,
     /// MSIs the vGPU signalled on the destination (counted; the guest polls).
     pub msis: u64,
     /// What the destination did after the switch-over: frames the guest completed and GPU
@@ -117,8 +120,10 @@ pub fn loopback(
     }
     let identical =
         m.serial_results() == base.serial_results() && m.ram_image()? == base.ram_image()?;
-    let tel = m.telemetry()?;
-    let khz = f64::from(m.vm().tsc_khz().max(1));
+    let gap_us = |m: &Machine| -> Result<f64> {
+        let khz = f64::from(m.vm().tsc_khz().max(1));
+        Ok(m.telemetry()?.max_gap_tsc as f64 * 1000.0 / khz)
+    };
     Ok(LoopbackReport {
         migration,
         incoming,
@@ -131,7 +136,8 @@ pub fn loopback(
             .unwrap_or_default()
             .to_string(),
         identical,
-        guest_max_gap_us: tel.max_gap_tsc as f64 * 1000.0 / khz,
+        guest_max_gap_us: gap_us(&m)?,
+        unmigrated_max_gap_us: gap_us(&base)?,
         msis: m.msis(),
         destination,
         destination_frames: destination.frames,

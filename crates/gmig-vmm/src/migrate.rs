@@ -2,10 +2,11 @@
 //!
 //! **Source.** DMA logging starts on the vGPU and KVM's dirty log is cleared; the vGPU enters
 //! PRE_COPY. Round 0 sends every non-zero page of guest RAM (the destination's RAM starts zeroed),
-//! then the guest runs for a while and each later round sends the pages KVM's log *or* the vGPU's
-//! DMA log reports (the vGPU writes guest RAM behind KVM's back: only its log sees those), until
-//! a round is small or the round budget is spent. Then the vCPU stays paused (the single-threaded
-//! VMM simply does not enter it again), the vGPU goes to STOP_COPY (a bounded drain may still
+//! and each later round the pages KVM's log *or* the vGPU's DMA log reports (the vGPU writes guest
+//! RAM behind KVM's back: only its log sees those), until a round is small or the round budget is
+//! spent. A copier thread writes each round while the vCPU runs on ([`Options::overlap`]; one
+//! round in flight at a time, the guest running on while it is). Then the vCPU stays paused (the
+//! VMM does not enter it again; a round still in flight is written first), the vGPU goes to STOP_COPY (a bounded drain may still
 //! write), both logs are read one last time and those pages go, then the vGPU's stop-copy data,
 //! its PCI configuration space, COM1, the vCPU, and DONE. The source commits only when the
 //! destination acknowledges; a cut connection or a refusal puts the vGPU back to RUNNING and the
@@ -16,7 +17,7 @@
 //! or `NAK u8 0x15, length u32, message`. `docs/migration-stream.md` has the tables.
 
 use std::io::{Read, Write};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gmig_dirty::{DirtyBitmap, Gfn};
 use gmig_vfio_migration::{DeviceState, IovaRange};
@@ -30,13 +31,12 @@ use crate::machine::{Machine, SerialSnapshot};
 use crate::switchover::Progress;
 use crate::{Error, Result};
 
-/// Stream magic.
-pub const MAGIC: &[u8; 8] = b"GMIGVM01";
-const PAGE: usize = 4096;
-/// Pages per PAGES record.
-pub const PAGES_PER_RECORD: usize = 256;
-/// The largest record payload accepted.
-pub const MAX_RECORD: usize = 4 << 20;
+mod copier;
+mod wire;
+use copier::{read_device, send_device, send_pages, Copier, Round};
+use wire::{read_record, Wire, PAGE};
+pub use wire::{Tag, MAGIC, MAX_RECORD, PAGES_PER_RECORD};
+
 /// Destination → source after DONE: the VM validated and is restored, stopped (then a u64 LE
 /// realtime ns). This is RESTORED of the hand-over.
 const ACK: u8 = 0x06;
@@ -48,41 +48,6 @@ const COMMIT: u8 = b'C';
 const ABORT: u8 = 0x18;
 /// Destination → source after COMMIT: the VM runs here (then a u64 LE realtime ns).
 const RESUMED: u8 = b'R';
-
-/// Record tags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Tag {
-    /// [`Hello`], first.
-    Hello = 1,
-    /// Guest pages: `(gfn u64, kind u8 [0 zero, 1 data], 4096 bytes if data)*`.
-    Pages = 2,
-    /// A chunk of the vGPU's VFIO migration data.
-    Device = 3,
-    /// The vGPU's PCI configuration space, 256 bytes.
-    Config = 4,
-    /// [`VcpuState`] (postcard).
-    Vcpu = 5,
-    /// [`SerialSnapshot`] (postcard).
-    Serial = 6,
-    /// End of the stream: the source is paused and has sent everything.
-    Done = 7,
-}
-
-impl Tag {
-    fn from_u8(v: u8) -> Option<Tag> {
-        Some(match v {
-            1 => Tag::Hello,
-            2 => Tag::Pages,
-            3 => Tag::Device,
-            4 => Tag::Config,
-            5 => Tag::Vcpu,
-            6 => Tag::Serial,
-            7 => Tag::Done,
-            _ => return None,
-        })
-    }
-}
 
 /// What the destination must set up before the first page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +73,10 @@ pub struct Options {
     pub gpu_dirty: bool,
     /// Emulated link speed in Gbit/s (`None`: as fast as the connection goes).
     pub link_gbps: Option<f64>,
+    /// Pre-copy rounds are written by a copier thread while the vCPU runs on. `false` writes
+    /// each round before the vCPU runs again (the guest is paused for every round): the
+    /// negative control of the overlap, and the baseline for the guest's largest pause.
+    pub overlap: bool,
 }
 
 impl Default for Options {
@@ -118,6 +87,7 @@ impl Default for Options {
             converge_pages: 256,
             gpu_dirty: true,
             link_gbps: None,
+            overlap: true,
         }
     }
 }
@@ -157,53 +127,12 @@ pub struct Report {
     pub total_ms: f64,
     /// Where the source's guest and vGPU were when its vCPU paused for good.
     pub at_stop: Progress,
-}
-
-struct Wire<'a, S: Write> {
-    s: &'a mut S,
-    bytes: u64,
-    rate: Option<f64>,
-    start: Instant,
-}
-
-impl<S: Write> Wire<'_, S> {
-    fn record(&mut self, tag: Tag, payload: &[u8]) -> Result<()> {
-        let mut head = [0u8; 9];
-        head[0] = tag as u8;
-        head[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        head[5..9].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-        self.s.write_all(&head)?;
-        self.s.write_all(payload)?;
-        self.bytes += 9 + payload.len() as u64;
-        if let Some(gbps) = self.rate {
-            // Pace to the emulated link: never ahead of bytes / rate.
-            let due = Duration::from_secs_f64(self.bytes as f64 * 8.0 / (gbps * 1e9));
-            if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-                std::thread::sleep(wait);
-            }
-        }
-        Ok(())
-    }
-}
-
-fn read_record<S: Read>(s: &mut S) -> Result<(Tag, Vec<u8>)> {
-    let mut head = [0u8; 9];
-    s.read_exact(&mut head)?;
-    let tag = Tag::from_u8(head[0])
-        .ok_or_else(|| Error::Stream(format!("unknown record tag {}", head[0])))?;
-    let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if len > MAX_RECORD {
-        return Err(Error::Stream(format!(
-            "{tag:?} record of {len} bytes (limit {MAX_RECORD})"
-        )));
-    }
-    let crc = u32::from_le_bytes([head[5], head[6], head[7], head[8]]);
-    let mut payload = vec![0u8; len];
-    s.read_exact(&mut payload)?;
-    if crc32fast::hash(&payload) != crc {
-        return Err(Error::Stream(format!("{tag:?} record fails its CRC")));
-    }
-    Ok((tag, payload))
+    /// After the pause, waiting for the pre-copy round still being written, ms (part of the
+    /// downtime).
+    pub drain_ms: f64,
+    /// Guest exits in the pre-copy stretches that began while a round was being written: the
+    /// guest ran while its RAM was copied (0 without [`Options::overlap`]).
+    pub exits_while_copying: u64,
 }
 
 fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>> {
@@ -212,67 +141,6 @@ fn enc<T: Serialize>(v: &T) -> Result<Vec<u8>> {
 
 fn dec<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T> {
     postcard::from_bytes(b).map_err(|e| Error::Stream(format!("{what}: {e}")))
-}
-
-fn is_zero(page: &[u8]) -> bool {
-    page.chunks_exact(8)
-        .all(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) == 0)
-}
-
-/// Sends the pages whose bits are set in `bitmap` (`None`: every page, zero pages skipped).
-fn send_pages<S: Write>(
-    w: &mut Wire<'_, S>,
-    mem: &GuestMemoryMmap,
-    pages: u64,
-    bitmap: Option<&DirtyBitmap>,
-) -> Result<u64> {
-    let mut rec = Vec::with_capacity(PAGES_PER_RECORD * (PAGE + 9));
-    let mut in_rec = 0;
-    let mut sent = 0;
-    let mut page = vec![0u8; PAGE];
-    let listed: Box<dyn Iterator<Item = u64>> = match bitmap {
-        None => Box::new(0..pages),
-        Some(b) => Box::new(b.iter().map(|g| g.0)),
-    };
-    for gfn in listed {
-        mem.read_slice(&mut page, GuestAddress(gfn * PAGE as u64))
-            .map_err(|e| Error::Ram(e.to_string()))?;
-        let zero = is_zero(&page);
-        if zero && bitmap.is_none() {
-            continue;
-        }
-        rec.extend_from_slice(&gfn.to_le_bytes());
-        if zero {
-            rec.push(0);
-        } else {
-            rec.push(1);
-            rec.extend_from_slice(&page);
-        }
-        in_rec += 1;
-        sent += 1;
-        if in_rec == PAGES_PER_RECORD {
-            w.record(Tag::Pages, &rec)?;
-            rec.clear();
-            in_rec = 0;
-        }
-    }
-    if in_rec > 0 {
-        w.record(Tag::Pages, &rec)?;
-    }
-    Ok(sent)
-}
-
-/// Sends the vGPU's saving data available now (all of it, in STOP_COPY).
-fn send_device<S: Write>(w: &mut Wire<'_, S>, gpu: &mut dyn GpuLink) -> Result<u64> {
-    let mut n = 0;
-    while let Some(chunk) = gpu.save_read(1 << 20)? {
-        if chunk.is_empty() {
-            break;
-        }
-        n += chunk.len() as u64;
-        w.record(Tag::Device, &chunk)?;
-    }
-    Ok(n)
 }
 
 /// The dirty pages since the last call: KVM's log, joined (unless `gpu` is off) with the vGPU's.
@@ -311,7 +179,7 @@ fn ms(t: Instant) -> f64 {
 /// there returns [`Error::InDoubt`] and leaves the VM stopped (vCPU never entered again, vGPU
 /// still in STOP_COPY with its data read), with its whole state, for the caller to keep until the
 /// doubt is resolved.
-pub fn migrate_out<S: Read + Write>(
+pub fn migrate_out<S: Read + Write + Send>(
     m: &mut Machine,
     guest: &GuestConfig,
     conn: &mut S,
@@ -327,7 +195,7 @@ pub fn migrate_out<S: Read + Write>(
 /// the stop at once. A guest that finishes before its point fails the migration (the source VM
 /// is kept, halted): a switch-over after the guest's work would prove nothing. For tests and
 /// benches that must stop, say, with GPU work queued or in the middle of a frame.
-pub fn migrate_out_at<S: Read + Write>(
+pub fn migrate_out_at<S: Read + Write + Send>(
     m: &mut Machine,
     guest: &GuestConfig,
     conn: &mut S,
@@ -337,7 +205,7 @@ pub fn migrate_out_at<S: Read + Write>(
     migrate(m, guest, conn, opts, Some(point))
 }
 
-fn migrate<S: Read + Write>(
+fn migrate<S: Read + Write + Send>(
     m: &mut Machine,
     guest: &GuestConfig,
     conn: &mut S,
@@ -371,7 +239,7 @@ fn migrate<S: Read + Write>(
     Ok(rep)
 }
 
-fn send_all<S: Read + Write>(
+fn send_all<S: Read + Write + Send>(
     m: &mut Machine,
     guest: &GuestConfig,
     conn: &mut S,
@@ -404,49 +272,87 @@ fn send_all<S: Read + Write>(
         length: ram,
     }])?;
     m.gpu().link().set_state(DeviceState::PreCopy)?;
-    rep.precopy_pages += send_pages(&mut w, &m.vm().memory().clone(), pages, None)?;
-    rep.device_precopy_bytes += send_device(&mut w, m.gpu().link())?;
-    rep.rounds = 1;
-    // The guest runs between rounds; a round at or below `converge_pages`, or the round budget,
-    // ends pre-copy (after one more stretch of guest execution, as a VMM keeps the vCPU running
-    // while its last round is in flight). With a chosen `point`, rounds go on until it holds.
+    // The guest runs between rounds while the copier writes the last one (at most one in
+    // flight; while it is busy the guest just runs on); a round at or below `converge_pages`, or
+    // the round budget, ends pre-copy (after one more stretch of guest execution, as a VMM keeps
+    // the vCPU running while its last round is in flight). With a chosen `point`, rounds go on
+    // until it holds.
     let point_mode = point.is_some();
     let mut reached = |m: &Machine| point.as_deref_mut().is_some_and(|p| p(m));
     let mut at_point = reached(m);
-    loop {
-        if at_point {
-            break;
+    let mem = m.vm().memory().clone();
+    let (mut w, paused, paused_at_ns) = std::thread::scope(|scope| {
+        let mut copier = Copier::start(scope, w, mem, pages);
+        let device = read_device(m.gpu().link())?;
+        // A copier that stopped on a write error says which at `finish`, after the pause.
+        let mut alive = copier
+            .push(Round {
+                dirty: None,
+                device,
+            })
+            .is_ok();
+        rep.rounds = 1;
+        while alive && !at_point {
+            if !opts.overlap {
+                alive = copier.wait().is_ok();
+            }
+            let copying = copier.busy();
+            let before = m.exits;
+            let stop = m.run_until(opts.round_exits, |m| {
+                at_point = reached(m);
+                at_point
+            })?;
+            if copying {
+                rep.exits_while_copying += m.exits - before;
+            }
+            // At the point the vCPU pauses at once: what the guest dirtied since the last round
+            // goes in the downtime, as when a VMM stops its vCPU while a round is in flight.
+            if stop == Stop::Halted || at_point || (!point_mode && rep.rounds > opts.max_rounds) {
+                break;
+            }
+            match copier.idle() {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(()) => break,
+            }
+            let (dirty, _) = collect_dirty(m, opts.gpu_dirty)?;
+            let converged = !point_mode && dirty.count() <= opts.converge_pages;
+            let device = read_device(m.gpu().link())?;
+            alive = copier
+                .push(Round {
+                    dirty: Some(dirty),
+                    device,
+                })
+                .is_ok();
+            rep.rounds += 1;
+            if converged {
+                if !opts.overlap {
+                    alive = copier.wait().is_ok();
+                }
+                if alive {
+                    m.run(opts.round_exits)?;
+                }
+                break;
+            }
         }
-        let stop = m.run_until(opts.round_exits, |m| {
-            at_point = reached(m);
-            at_point
-        })?;
-        // At the point the vCPU pauses at once: what the guest dirtied since the last round goes
-        // in the downtime, as when a VMM stops its vCPU while a round is in flight.
-        if stop == Stop::Halted || at_point || (!point_mode && rep.rounds > opts.max_rounds) {
-            break;
+        if alive && point_mode && !at_point {
+            return Err(Error::Guest(format!(
+                "the guest finished ({} frames) before the chosen switch-over point",
+                m.frames_done()
+            )));
         }
-        let (dirty, _) = collect_dirty(m, opts.gpu_dirty)?;
-        let mem = m.vm().memory().clone();
-        rep.precopy_pages += send_pages(&mut w, &mem, pages, Some(&dirty))?;
-        rep.device_precopy_bytes += send_device(&mut w, m.gpu().link())?;
-        rep.rounds += 1;
-        if !point_mode && dirty.count() <= opts.converge_pages {
-            m.run(opts.round_exits)?;
-            break;
-        }
-    }
-    if point_mode && !at_point {
-        return Err(Error::Guest(format!(
-            "the guest finished ({} frames) before the chosen switch-over point",
-            m.frames_done()
-        )));
-    }
+        // Downtime: the vCPU is not entered again from here on. A round still in flight is
+        // written first (its wait is `drain_ms`).
+        let paused = Instant::now();
+        let paused_at_ns = realtime_ns();
+        rep.at_stop = Progress::of(m);
+        let (w, sent, drain) = copier.finish()?;
+        rep.precopy_pages += sent.pages;
+        rep.device_precopy_bytes += sent.device_bytes;
+        rep.drain_ms = drain.as_secs_f64() * 1e3;
+        Ok::<_, Error>((w, paused, paused_at_ns))
+    })?;
 
-    // Downtime: the vCPU is not entered again from here on.
-    let paused = Instant::now();
-    let paused_at_ns = realtime_ns();
-    rep.at_stop = Progress::of(m);
     let t = Instant::now();
     m.gpu().link().set_state(DeviceState::StopCopy)?;
     let stop_ms = ms(t);

@@ -361,3 +361,36 @@ fn a_destination_whose_vgpu_cannot_run_after_commit_hands_the_vm_back() {
     assert_eq!(src.run(ALL).expect("run on"), Stop::Halted);
     assert_same_run(&base, &src, "the source that took the VM back");
 }
+
+/// Pre-copy rounds are written by a copier thread while the guest runs on, and the migrated run
+/// still equals the unmigrated one (pages the guest writes while they are copied are sent again).
+/// The control, `overlap: false`, writes every round before the guest runs again: no guest exit
+/// happens while a round is in flight.
+#[test]
+fn precopy_rounds_are_written_while_the_guest_runs() {
+    if !kvm_present() {
+        return;
+    }
+    let c = cfg(GuestProfile::Desktop);
+    let base = baseline(&c);
+    let third = u64::from(c.frames) / 3;
+    for overlap in [true, false] {
+        let what = format!("overlap {overlap}");
+        let o = gmig_vmm::migrate::Options { overlap, ..opts() };
+        let (_src, dest, rep) = migrate_at(&c, Point::Frame(third, 3), &o, linked(1, true));
+        let rep = rep.unwrap_or_else(|e| panic!("{what}: migration failed: {e}"));
+        let (mut m, inc) = dest.unwrap_or_else(|e| panic!("{what}: destination failed: {e}"));
+        assert_eq!(m.run(ALL).expect("run on"), Stop::Halted, "{what}");
+        assert_destination_worked(&what, &rep, &inc, &m, None);
+        assert_same_run(&m, &base, &what);
+        assert!(rep.rounds > 1, "{what}: one round only: {rep:?}");
+        if overlap {
+            assert!(
+                rep.exits_while_copying > 0,
+                "{what}: the guest never ran while a round was written: {rep:?}"
+            );
+        } else {
+            assert_eq!(rep.exits_while_copying, 0, "{what}: {rep:?}");
+        }
+    }
+}

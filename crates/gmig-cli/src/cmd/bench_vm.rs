@@ -47,6 +47,12 @@ pub struct VmRow {
     pub vcpu_ms: f64,
     /// the flush and the destination's restore up to its acknowledgement.
     pub transfer_ms: f64,
+    /// and before all of these: waiting for the pre-copy round in flight at the pause.
+    pub drain_ms: f64,
+    /// The largest pause the guest saw in its wait loop (TSC), migrated run, ms.
+    pub guest_max_gap_ms: f64,
+    /// The same in the unmigrated run: the baseline.
+    pub unmigrated_max_gap_ms: f64,
     /// Pre-copy rounds, the first full pass included.
     pub rounds: u64,
     /// RAM pages sent while the guest ran.
@@ -89,6 +95,19 @@ fn row_of(
         vgpu_ms: median(&f(|r| r.vgpu_ms)),
         vcpu_ms: median(&f(|r| r.vcpu_ms)),
         transfer_ms: median(&f(|r| r.transfer_ms)),
+        drain_ms: median(&f(|r| r.drain_ms)),
+        guest_max_gap_ms: median(
+            &runs
+                .iter()
+                .map(|r| r.guest_max_gap_us / 1e3)
+                .collect::<Vec<_>>(),
+        ),
+        unmigrated_max_gap_ms: median(
+            &runs
+                .iter()
+                .map(|r| r.unmigrated_max_gap_us / 1e3)
+                .collect::<Vec<_>>(),
+        ),
         rounds: u(|r| u64::from(r.rounds)),
         precopy_pages: u(|r| r.precopy_pages),
         final_pages: u(|r| r.final_pages),
@@ -167,14 +186,16 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
                 }
                 let row = row_of(profile, ram_mib, link, a.scratch_pages, &runs)?;
                 eprintln!(
-                    "[{}/{total}] {:<8} {:>5} MiB  {:<11} downtime p50 {:7.2} ms  ({} RAM pages in downtime, {} only the vGPU's log had)",
+                    "[{}/{total}] {:<8} {:>5} MiB  {:<11} downtime p50 {:7.2} ms  ({} RAM pages in downtime, {} only the vGPU's log had); guest's largest gap {:.1} ms (unmigrated {:.1})",
                     rows.len() + 1,
                     row.profile,
                     row.ram_mib,
                     link_name(row.link_gbps),
                     row.downtime_ms.p50,
                     row.final_pages,
-                    row.final_gpu_only_pages
+                    row.final_gpu_only_pages,
+                    row.guest_max_gap_ms,
+                    row.unmigrated_max_gap_ms
                 );
                 rows.push(row);
             }
@@ -201,12 +222,12 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
 /// The rows as a Markdown table.
 pub fn markdown(rows: &[VmRow]) -> String {
     let mut s = String::new();
-    s.push_str("| profile | RAM MiB | link | downtime p50 / p95 / max (ms) | dest view (ms) | RAM | vGPU | vCPU | transfer | rounds | pages pre / final (vGPU only) | identical |\n");
-    s.push_str("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|\n");
+    s.push_str("| profile | RAM MiB | link | downtime p50 / p95 / max (ms) | dest view (ms) | RAM | vGPU | vCPU | transfer | drain | rounds | pages pre / final (vGPU only) | guest's largest gap, migrated / unmigrated (ms) | identical |\n");
+    s.push_str("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} / {} ({}) | {} |",
+            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} / {} ({}) | {:.1} / {:.1} | {} |",
             r.profile,
             r.ram_mib,
             link_name(r.link_gbps),
@@ -218,10 +239,13 @@ pub fn markdown(rows: &[VmRow]) -> String {
             r.vgpu_ms,
             r.vcpu_ms,
             r.transfer_ms,
+            r.drain_ms,
             r.rounds,
             r.precopy_pages,
             r.final_pages,
             r.final_gpu_only_pages,
+            r.guest_max_gap_ms,
+            r.unmigrated_max_gap_ms,
             r.identical
         );
     }
