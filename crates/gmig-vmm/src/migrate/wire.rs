@@ -18,7 +18,7 @@ pub const MAX_RECORD: usize = 4 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Tag {
-    /// [`Hello`], first.
+    /// [`Hello`](super::Hello), first.
     Hello = 1,
     /// Guest pages: `(gfn u64, kind u8 [0 zero, 1 data], 4096 bytes if data)*`.
     Pages = 2,
@@ -26,9 +26,9 @@ pub enum Tag {
     Device = 3,
     /// The vGPU's PCI configuration space, 256 bytes.
     Config = 4,
-    /// [`VcpuState`] (postcard).
+    /// [`VcpuState`](crate::kvm::VcpuState) (postcard).
     Vcpu = 5,
-    /// [`SerialSnapshot`] (postcard).
+    /// [`SerialSnapshot`](crate::machine::SerialSnapshot) (postcard).
     Serial = 6,
     /// End of the stream: the source is paused and has sent everything.
     Done = 7,
