@@ -44,33 +44,42 @@ pub trait GpuMemory {
     /// Fills `out` with the bytes at `addr` in `space`.
     fn read(&self, space: AddressSpace, addr: u64, out: &mut [u8]) -> Result<(), MemoryError>;
 
-    /// Reads little-endian dwords (a default over [`read`](Self::read)).
+    /// Reads little-endian dwords (a default over [`read`](Self::read), which reads straight
+    /// into `out`). On error `out` holds whatever was read before it.
     fn read_dwords(
         &self,
         space: AddressSpace,
         addr: u64,
         out: &mut [u32],
     ) -> Result<(), MemoryError> {
-        // Small reads (state, kernels' instructions) go through the stack.
-        let n = out.len().checked_mul(4).ok_or(MemoryError::Overflow {
-            space,
-            addr,
-            len: usize::MAX,
-        })?;
-        let mut small = [0u8; 256];
-        let mut big = Vec::new();
-        let bytes: &mut [u8] = if n <= small.len() {
-            &mut small[..n]
-        } else {
-            big.resize(n, 0);
-            &mut big
-        };
-        self.read(space, addr, bytes)?;
-        for (d, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        Ok(())
+        read_dwords_via_bytes(self, space, addr, out)
     }
+}
+
+/// [`GpuMemory::read_dwords`]'s default: `out` read as bytes through `mem.read`, then each dword
+/// taken as little-endian (nothing to do on a little-endian host). No copy and no allocation:
+/// the walker reads whole pages through it.
+fn read_dwords_via_bytes<M: GpuMemory + ?Sized>(
+    mem: &M,
+    space: AddressSpace,
+    addr: u64,
+    out: &mut [u32],
+) -> Result<(), MemoryError> {
+    let n = out.len().checked_mul(4).ok_or(MemoryError::Overflow {
+        space,
+        addr,
+        len: usize::MAX,
+    })?;
+    // SAFETY: the `n` bytes (no overflow: checked above) starting at `out`'s pointer are exactly
+    // `out`'s memory, valid and initialised; `u8` has alignment 1 and every bit pattern is a
+    // valid `u8` (and, written back, a valid `u32`); `bytes` reborrows `out` mutably and is
+    // dropped before `out` is used again, so nothing aliases it.
+    let bytes = unsafe { core::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), n) };
+    mem.read(space, addr, bytes)?;
+    for d in out.iter_mut() {
+        *d = u32::from_le(*d);
+    }
+    Ok(())
 }
 
 /// Write access as well.
@@ -83,11 +92,29 @@ impl<M: GpuMemory + ?Sized> GpuMemory for &M {
     fn read(&self, space: AddressSpace, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
         (**self).read(space, addr, out)
     }
+
+    fn read_dwords(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        out: &mut [u32],
+    ) -> Result<(), MemoryError> {
+        (**self).read_dwords(space, addr, out)
+    }
 }
 
 impl<M: GpuMemory + ?Sized> GpuMemory for &mut M {
     fn read(&self, space: AddressSpace, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
         (**self).read(space, addr, out)
+    }
+
+    fn read_dwords(
+        &self,
+        space: AddressSpace,
+        addr: u64,
+        out: &mut [u32],
+    ) -> Result<(), MemoryError> {
+        (**self).read_dwords(space, addr, out)
     }
 }
 
