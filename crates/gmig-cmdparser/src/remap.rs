@@ -124,7 +124,7 @@ pub fn plan_command(
 }
 
 #[inline]
-fn plan_use(
+pub(crate) fn plan_use(
     cmd: &Decoded<'_>,
     ctx: &BatchContext,
     mv: &SliceMove,

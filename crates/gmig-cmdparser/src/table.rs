@@ -40,14 +40,51 @@ fn class_fits(class: Class, engine: Engine) -> bool {
 }
 
 /// One slot of the index: the row (index + 1, 0 for none) in bits 15:0, and the row's length rule
-/// (so a command's length needs no second load): the DWord Length field's width in bits 23:16
-/// (0 for a fixed length) and the bias (or the fixed length) in bits 31:24.
+/// (so a command's length needs no second load): the DWord Length field's width in bits 20:16
+/// (0 for a fixed length) and the bias (or the fixed length) in bits 31:24. Bit 23 is set when
+/// the row is [`quiet`], bit 22 when it records nothing in the indirect state
+/// ([`crate::indirect::records_nothing`]).
 fn slot_entry(row: usize, d: &CommandDesc) -> u32 {
     let (bits, bias) = match d.length {
         LengthRule::Fixed(n) => (0u8, n),
         LengthRule::Variable { bits, bias } => (bits, bias),
     };
-    u32::from(u16::try_from(row + 1).unwrap_or(0)) | u32::from(bits) << 16 | u32::from(bias) << 24
+    u32::from(u16::try_from(row + 1).unwrap_or(0))
+        | u32::from(bits & 0x1f) << 16
+        | u32::from(quiet(d)) << QUIET_BIT
+        | u32::from(crate::indirect::records_nothing(d)) << STATELESS_BIT
+        | u32::from(bias) << 24
+}
+
+/// Bit of a slot entry set for a [`quiet`] row.
+const QUIET_BIT: u32 = 23;
+/// Bit of a slot entry set for a row that records nothing in the indirect state.
+const STATELESS_BIT: u32 = 22;
+
+/// What [`Table::lookup_entry`] finds for a DW0.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Entry {
+    /// The row.
+    pub(crate) desc: &'static CommandDesc,
+    /// The command's length in dwords (`CommandDesc::len_of`).
+    pub(crate) len: usize,
+    /// Whether the row is [`quiet`].
+    pub(crate) quiet: bool,
+    /// Whether the row records nothing in the indirect state
+    /// ([`crate::indirect::records_nothing`]).
+    pub(crate) stateless: bool,
+}
+
+/// Whether a row is *quiet*: a command of it, once decoded, passes the audit whatever its dwords
+/// and buffer, has no address to audit or rebase, and changes nothing in the indirect state the
+/// walks follow (no flags, no hook, no address fields, no exact length, and a role that records
+/// nothing). The remap walk counts such commands without visiting them.
+pub(crate) fn quiet(d: &CommandDesc) -> bool {
+    d.flags == Flags::NONE
+        && d.hook == Hook::None
+        && d.addrs.is_empty()
+        && d.exact_len.is_none()
+        && crate::indirect::records_nothing(d)
 }
 
 fn index() -> &'static [u32] {
@@ -109,11 +146,22 @@ impl Table {
     /// when the opcode is unknown here.
     #[inline]
     pub fn lookup_len(&self, dw0: u32) -> Option<(&'static CommandDesc, usize)> {
+        self.lookup_entry(dw0).map(|e| (e.desc, e.len))
+    }
+
+    /// [`Table::lookup_len`], and what the slot says of the row besides.
+    #[inline]
+    pub(crate) fn lookup_entry(&self, dw0: u32) -> Option<Entry> {
         let e = *self.slots.get(slot_of(dw0)?)?;
-        let row = crate::rows::COMMANDS.get(((e & 0xffff) as usize).wrapping_sub(1))?;
+        let desc = crate::rows::COMMANDS.get(((e & 0xffff) as usize).wrapping_sub(1))?;
         let bits = (e >> 16) & 0x1f;
         let mask = (1u32 << bits) - 1;
-        Some((row, (dw0 & mask) as usize + (e >> 24) as usize))
+        Some(Entry {
+            desc,
+            len: (dw0 & mask) as usize + (e >> 24) as usize,
+            quiet: (e >> QUIET_BIT) & 1 == 1,
+            stateless: (e >> STATELESS_BIT) & 1 == 1,
+        })
     }
 }
 
@@ -132,4 +180,54 @@ pub fn by_name(gen: Gen, engine: Engine, name: &str) -> Option<&'static CommandD
 /// Every row of the tables (all generations and engines).
 pub fn all_commands() -> &'static [CommandDesc] {
     crate::rows::COMMANDS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every slot's quiet and stateless bits say what the row's own rules say, and a quiet row
+    /// is one whose commands the walks may count without visiting.
+    #[test]
+    fn slot_bits_match_their_rows() {
+        let mut quiet_rows = 0;
+        for gen in Gen::ALL {
+            for engine in Engine::ALL {
+                let t = Table::new(gen, engine);
+                for (slot, e) in t.slots.iter().enumerate() {
+                    if *e == 0 {
+                        continue;
+                    }
+                    let d = &crate::rows::COMMANDS[(*e & 0xffff) as usize - 1];
+                    let dw0 = d.header(d.len_of(0).max(1) as u32);
+                    assert_eq!(slot_of(dw0), Some(slot), "{}", d.name);
+                    let got = t.lookup_entry(dw0).unwrap();
+                    assert!(core::ptr::eq(got.desc, d));
+                    assert_eq!(got.quiet, quiet(d), "{}", d.name);
+                    assert_eq!(
+                        got.stateless,
+                        crate::indirect::records_nothing(d),
+                        "{}",
+                        d.name
+                    );
+                    if got.quiet {
+                        quiet_rows += 1;
+                        assert!(got.stateless && d.addrs.is_empty() && d.flags == Flags::NONE);
+                    }
+                }
+            }
+        }
+        assert!(quiet_rows > 0);
+        let quiet_of = |name| quiet(by_name(Gen::Gen9, Engine::Render, name).unwrap());
+        assert!(quiet_of("3DSTATE_SBE") && quiet_of("MI_NOOP"));
+        for busy in [
+            "3DSTATE_VS",
+            "3DPRIMITIVE",
+            "PIPE_CONTROL",
+            "MI_LOAD_REGISTER_IMM",
+            "MI_BATCH_BUFFER_END",
+        ] {
+            assert!(!quiet_of(busy), "{busy}");
+        }
+    }
 }

@@ -50,7 +50,7 @@ mod surfaces;
 mod tests;
 
 pub use footprint::{Footprint, Shape, Stage, SurfaceRole, SurfaceStateAt, SurfaceUse};
-pub(crate) use roles::Work;
+pub(crate) use roles::{records_nothing, Work};
 pub use state::IndirectState;
 pub(crate) use state::SurfaceKey;
 pub use surfaces::{surface_state_addresses, StateAddress, SURFACE_STATE_BYTES};

@@ -128,6 +128,7 @@ pub(super) fn role_of_row(desc: &crate::table::CommandDesc) -> Role {
 }
 
 /// The role of a table row, computed once per row (commands are stepped by the million).
+#[inline]
 pub(super) fn role(desc: &'static crate::table::CommandDesc) -> Role {
     static ROLES: std::sync::OnceLock<Vec<Role>> = std::sync::OnceLock::new();
     let all = crate::table::all_commands();
@@ -139,6 +140,20 @@ pub(super) fn role(desc: &'static crate::table::CommandDesc) -> Role {
         (Some(row), Some(r)) if std::ptr::eq(row, desc) => *r,
         // A row from elsewhere (never, with the crate's tables): decide by name.
         _ => role_of_row(desc),
+    }
+}
+
+/// Whether stepping a command of row `desc` through the indirect state records nothing, whatever
+/// its dwords ([`IndirectState::advance`] returns `None` without touching the state): an inert row,
+/// a plain row outside the video classes, or media pipe state that writes nothing.
+///
+/// [`IndirectState::advance`]: super::IndirectState::advance
+pub(crate) fn records_nothing(desc: &crate::table::CommandDesc) -> bool {
+    use crate::table::Class;
+    match role_of_row(desc) {
+        Role::Inert | Role::Named(Obs::MediaWritesNothing) => true,
+        Role::Plain => !matches!(desc.class, Class::Mfx | Class::Vebox),
+        Role::Named(_) | Role::Work(_) => false,
     }
 }
 

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use super::fields::dw;
 use super::footprint::{Footprint, SurfaceStateAt};
-use super::roles::{role, Role, Work};
+use super::roles::{role, Obs, Role, Work};
 use crate::addr::AddressSpace;
 use crate::decode::{BatchContext, Decoded};
 use crate::isa::{scan_kernel, KernelScan, MAX_KERNEL_BYTES};
 use crate::memory::GpuMemory;
-use crate::table::Gen;
+use crate::table::{Class, Gen};
 use crate::writeset::{Reach, WriteSet};
 
 /// A heap base from STATE_BASE_ADDRESS (or the binding-table pool), with its size when bounded.
@@ -224,7 +224,11 @@ impl IndirectState {
         self.enter(ctx);
         match role(d.desc) {
             Role::Work(work) => Some(work),
-            Role::Inert => None,
+            // Nothing to record (`roles::records_nothing`): `observe` would change nothing (a
+            // plain row outside the video classes is only classified there, and media pipe
+            // state that writes nothing only acknowledged).
+            Role::Inert | Role::Named(Obs::MediaWritesNothing) => None,
+            Role::Plain if !matches!(d.desc.class, Class::Mfx | Class::Vebox) => None,
             role => {
                 self.observe(d, role);
                 None

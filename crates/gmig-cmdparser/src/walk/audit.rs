@@ -3,7 +3,7 @@
 
 use super::privileged::{audit_surface_state, PrivilegedSurfaces};
 use super::types::{Budget, Result, RingSpan, WalkError, WalkedCommand};
-use super::walker::walk;
+use super::walker::walk_with;
 use crate::addr::{AddressSpace, VgpuSlices};
 use crate::audit::{self, AuditError, AuditReport};
 use crate::memory::GpuMemory;
@@ -72,17 +72,25 @@ pub fn audit_walk<M: GpuMemory + ?Sized>(
     let mut rep = AuditReport::default();
     let mut surfaces = PrivilegedSurfaces::new(gen);
     let dyn_mem: &dyn GpuMemory = &mem;
-    walk(gen, engine, mem, ring, budget, &mut |w| {
-        audit_walked(w, slices, &mut rep)?;
-        for s in surfaces.step(gen, w, dyn_mem)? {
-            audit_surface_state(w, &s, slices).map_err(|err| WalkError::Audit {
-                space: w.space,
-                addr: w.addr,
-                err,
-            })?;
-            rep.ggtt_uses += s.2.len() as u64;
-        }
-        Ok(())
-    })?;
+    walk_with(
+        gen,
+        engine,
+        mem,
+        ring,
+        budget,
+        &mut |w: &WalkedCommand<'_>| {
+            audit_walked(w, slices, &mut rep)?;
+            for s in surfaces.step(gen, w, dyn_mem)? {
+                audit_surface_state(w, &s, slices).map_err(|err| WalkError::Audit {
+                    space: w.space,
+                    addr: w.addr,
+                    err,
+                })?;
+                rep.ggtt_uses += s.2.len() as u64;
+            }
+            Ok(())
+        },
+        false,
+    )?;
     Ok(rep)
 }

@@ -50,12 +50,36 @@ impl PrivilegedSurfaces {
         w: &WalkedCommand<'_>,
         mem: &dyn GpuMemory,
     ) -> Result<Vec<SurfaceState>> {
-        if !w.ctx.privileged {
+        if !w.ctx.privileged || w.stateless {
             return Ok(Vec::new());
         }
         match self.state.advance(&w.cmd, &w.ctx) {
             None => Ok(Vec::new()),
             Some(work) => self.resolve(gen, w, work, mem),
+        }
+    }
+
+    /// [`PrivilegedSurfaces::step`] into `out` (cleared first), without a new list per command:
+    /// `true` when it found any.
+    #[inline]
+    pub(super) fn step_into(
+        &mut self,
+        gen: Gen,
+        w: &WalkedCommand<'_>,
+        mem: &dyn GpuMemory,
+        out: &mut Vec<SurfaceState>,
+    ) -> Result<bool> {
+        // A stateless row's step records nothing; the state's space is the GGTT throughout
+        // (only privileged commands reach it), so skipping its `enter` changes nothing either.
+        if !w.ctx.privileged || w.stateless {
+            return Ok(false);
+        }
+        match self.state.advance(&w.cmd, &w.ctx) {
+            None => Ok(false),
+            Some(work) => {
+                *out = self.resolve(gen, w, work, mem)?;
+                Ok(!out.is_empty())
+            }
         }
     }
 

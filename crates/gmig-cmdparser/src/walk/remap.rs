@@ -3,7 +3,7 @@
 
 use super::privileged::{audit_surface_state, PrivilegedSurfaces, SurfaceState};
 use super::types::{Budget, Result, RingSpan, WalkError, WalkedCommand};
-use super::walker::walk;
+use super::walker::walk_with;
 use crate::addr::{AddressSpace, SliceMove};
 use crate::audit::AuditError;
 use crate::decode::Decoded;
@@ -80,6 +80,71 @@ fn plan_surface_state(
     Ok(())
 }
 
+/// Plans the memory edits of walked command `w` the general way: [`remap::plan_command`]'s
+/// edits of the command, each turned into the dwords it changes.
+fn plan_walked_general(
+    w: &WalkedCommand<'_>,
+    mv: &SliceMove,
+    local: &mut Vec<remap::Edit>,
+    edits: &mut Vec<MemEdit>,
+    stats: &mut RemapStats,
+) -> core::result::Result<(), RemapError> {
+    let cmd = Decoded { offset: 0, ..w.cmd };
+    local.clear();
+    remap::plan_command(&cmd, &w.ctx, mv, 0, local, stats)?;
+    for e in local.iter() {
+        push_field(w, e, edits);
+    }
+    Ok(())
+}
+
+/// The memory edits of field edit `e` of `w`: the dwords it changes.
+#[inline]
+fn push_field(w: &WalkedCommand<'_>, e: &remap::Edit, edits: &mut Vec<MemEdit>) {
+    for i in 0..e.width.dwords() {
+        let at = e.at + i;
+        let old = w.cmd.dwords.get(at).copied().unwrap_or(0);
+        let new = (e.value >> (32 * i)) as u32;
+        if old != new {
+            edits.push(MemEdit {
+                space: w.space,
+                addr: w.dword_addr(at),
+                old,
+                new,
+            });
+        }
+    }
+}
+
+/// [`plan_walked_general`] without the intermediate list: each field's edit goes straight into
+/// `edits` (the same edits in the same order, the same counts, the same first error; a proptest
+/// holds the two to each other). Commands are counted from the walk's summary, since the fast
+/// walk does not visit quiet ones.
+#[inline]
+fn plan_walked(
+    w: &WalkedCommand<'_>,
+    mv: &SliceMove,
+    edits: &mut Vec<MemEdit>,
+    stats: &mut RemapStats,
+) -> core::result::Result<(), RemapError> {
+    let cmd = Decoded { offset: 0, ..w.cmd };
+    crate::audit::audit_shape(&cmd, &w.ctx).map_err(RemapError::Source)?;
+    if cmd.desc.addrs.is_empty() {
+        return Ok(());
+    }
+    for u in cmd.addresses(&w.ctx) {
+        match u.space {
+            AddressSpace::Ppgtt => stats.ppgtt_untouched += 1,
+            AddressSpace::Ggtt => {
+                let e = remap::plan_use(&cmd, &w.ctx, mv, &u, 0)?;
+                push_field(w, &e, edits);
+                stats.ggtt_rewritten += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Rebases every GGTT address in the ring and the batches it starts, in memory, from `mv.from`
 /// to `mv.to`, and those in the surface states privileged buffers' work commands use. `mem` must
 /// resolve the addresses the buffers hold (source-layout GGTT offsets).
@@ -93,41 +158,50 @@ pub fn remap_walk<M: GpuMemoryMut + ?Sized>(
     budget: Budget,
     mv: &SliceMove,
 ) -> Result<RemapStats> {
+    remap_walk_with_path(gen, engine, mem, ring, budget, mv, true)
+}
+
+/// [`remap_walk`], on the fast path (`fast`: quiet commands counted, not visited, and each
+/// command's edits planned straight into the list) or the general one (every command visited
+/// and planned by [`remap::plan_command`]); tests compare the two.
+pub(super) fn remap_walk_with_path<M: GpuMemoryMut + ?Sized>(
+    gen: Gen,
+    engine: Engine,
+    mem: &mut M,
+    ring: RingSpan,
+    budget: Budget,
+    mv: &SliceMove,
+    fast: bool,
+) -> Result<RemapStats> {
     let mut edits: Vec<MemEdit> = Vec::new();
     let mut stats = RemapStats::default();
     let mut local = Vec::new();
+    let mut found = Vec::new();
     let mut surfaces = PrivilegedSurfaces::new(gen);
     let ro: &M = mem;
     let dyn_mem: &dyn GpuMemory = &ro;
-    walk(gen, engine, ro, ring, budget, &mut |w| {
+    let mut visit = |w: &WalkedCommand<'_>| {
         let wrap = |err| WalkError::Remap {
             space: w.space,
             addr: w.addr,
             err,
         };
-        let cmd = Decoded { offset: 0, ..w.cmd };
-        local.clear();
-        remap::plan_command(&cmd, &w.ctx, mv, 0, &mut local, &mut stats).map_err(wrap)?;
-        for e in &local {
-            for i in 0..e.width.dwords() {
-                let at = e.at + i;
-                let old = cmd.dwords.get(at).copied().unwrap_or(0);
-                let new = (e.value >> (32 * i)) as u32;
-                if old != new {
-                    edits.push(MemEdit {
-                        space: w.space,
-                        addr: w.dword_addr(at),
-                        old,
-                        new,
-                    });
-                }
+        if fast {
+            plan_walked(w, mv, &mut edits, &mut stats).map_err(wrap)?;
+        } else {
+            plan_walked_general(w, mv, &mut local, &mut edits, &mut stats).map_err(wrap)?;
+        }
+        if surfaces.step_into(gen, w, dyn_mem, &mut found)? {
+            for s in found.drain(..) {
+                plan_surface_state(w, &s, mv, &mut edits, &mut stats).map_err(wrap)?;
             }
         }
-        for s in surfaces.step(gen, w, dyn_mem)? {
-            plan_surface_state(w, &s, mv, &mut edits, &mut stats).map_err(wrap)?;
-        }
         Ok(())
-    })?;
+    };
+    let sum = walk_with(gen, engine, ro, ring, budget, &mut visit, fast)?;
+    if fast {
+        stats.commands = sum.commands;
+    }
     for (i, e) in edits.iter().enumerate() {
         if let Err(err) = mem.write(e.space, e.addr, &e.new.to_le_bytes()) {
             for u in edits.iter().take(i).rev() {

@@ -137,6 +137,10 @@ pub struct WalkedCommand<'a> {
     /// The buffer's context.
     pub ctx: BatchContext,
     pub(super) wrap: Option<(u64, u64)>,
+    /// Set when the command's row is known to record nothing in the indirect state (the walk's
+    /// in-page loop reads it from the opcode index; elsewhere it is `false`, which only costs a
+    /// look at the row).
+    pub(crate) stateless: bool,
 }
 
 impl WalkedCommand<'_> {

@@ -6,13 +6,20 @@ use crate::decode::{BatchContext, BatchLevel, DecodeError, Decoded};
 use crate::memory::{GpuMemory, MemoryError};
 use crate::table::{self, CommandDesc, Engine, Gen, Hook};
 
-pub(super) struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
+/// The walk's state. Generic over the visitor `V` so that the audit and remap walks call theirs
+/// directly (inlined into the batch loop); [`walk`] passes a `dyn` [`Visit`].
+pub(super) struct Walker<
+    'm,
+    'v,
+    M: GpuMemory + ?Sized,
+    V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized,
+> {
     gen: Gen,
     engine: Engine,
     mem: &'m M,
     budget: Budget,
     pub(super) sum: WalkSummary,
-    visit: &'v mut Visit<'f>,
+    visit: &'v mut V,
     table: table::Table,
     buf: Vec<u32>,
     /// One cached page of the buffer being walked: (space, page address) and its dwords.
@@ -20,15 +27,21 @@ pub(super) struct Walker<'m, 'v, 'f, M: GpuMemory + ?Sized> {
     page: Vec<u32>,
     /// Whether [`Walker::run_in_page`] runs (tests turn it off to compare with the general path).
     pub(super) in_page: bool,
+    /// Whether [`Walker::run_in_page`] counts commands of [quiet](crate::table::quiet) rows
+    /// against the budget without decoding or visiting them (for visitors that do nothing with
+    /// them: the remap walk's fast path).
+    pub(super) skip_quiet: bool,
 }
 
-impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
+impl<'m, 'v, M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
+    Walker<'m, 'v, M, V>
+{
     pub(super) fn new(
         gen: Gen,
         engine: Engine,
         mem: &'m M,
         budget: Budget,
-        visit: &'v mut Visit<'f>,
+        visit: &'v mut V,
     ) -> Self {
         Walker {
             gen,
@@ -42,6 +55,7 @@ impl<'m, 'v, 'f, M: GpuMemory + ?Sized> Walker<'m, 'v, 'f, M> {
             page_at: None,
             page: Vec::new(),
             in_page: true,
+            skip_quiet: false,
         }
     }
 }
@@ -83,8 +97,8 @@ fn bb_target(cmd: &Decoded<'_>, ctx: &BatchContext) -> (AddressSpace, u64) {
 }
 
 /// Hands a batch command to the visitor and keeps what the batch loop needs of it.
-fn visit_one(
-    visit: &mut Visit<'_>,
+fn visit_one<V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>(
+    visit: &mut V,
     cmd: Decoded<'_>,
     space: AddressSpace,
     addr: u64,
@@ -96,6 +110,7 @@ fn visit_one(
         addr,
         ctx,
         wrap: None,
+        stateless: false,
     };
     visit(&w)?;
     let hook = w.cmd.desc.hook;
@@ -114,7 +129,9 @@ fn visit_one(
 /// Largest command: a 16-bit length field plus bias.
 const MAX_CMD_DWORDS: usize = (1 << 16) + 2;
 
-impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
+impl<M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
+    Walker<'_, '_, M, V>
+{
     fn charge(&mut self, dwords: usize) -> Result<()> {
         charge(&mut self.sum, &self.budget, dwords)
     }
@@ -312,11 +329,18 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             visit,
             table,
             page: words,
+            skip_quiet,
             ..
         } = self;
         let mut i = ((addr - page) / 4) as usize;
         while let Some(&dw0) = words.get(i) {
-            let Some((desc, len)) = table.lookup_len(dw0) else {
+            let Some(table::Entry {
+                desc,
+                len,
+                quiet,
+                stateless,
+            }) = table.lookup_entry(dw0)
+            else {
                 break;
             };
             let bytes = (len as u64) * 4;
@@ -330,6 +354,15 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
             {
                 break;
             }
+            if quiet && *skip_quiet {
+                // Decoding cannot fail here (no exact length, no hook, a length of at least one
+                // dword inside the page), and the visitor does nothing with it.
+                sum.commands += 1;
+                sum.bytes += bytes;
+                i += len;
+                addr = next;
+                continue;
+            }
             let offset = usize::try_from(addr.wrapping_sub(start) / 4).unwrap_or(usize::MAX);
             let Ok(cmd) = crate::decode::decode_desc(desc, len, *gen, *engine, rest, offset) else {
                 break;
@@ -342,6 +375,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
                 addr,
                 ctx,
                 wrap: None,
+                stateless,
             })?;
             i += len;
             addr = next;
@@ -454,6 +488,7 @@ impl<M: GpuMemory + ?Sized> Walker<'_, '_, '_, M> {
                 addr,
                 ctx,
                 wrap: Some((ring.start.0, ring.size)),
+                stateless: false,
             };
             (self.visit)(&w)?;
             if cmd.desc.hook == Hook::BatchStart {
@@ -481,7 +516,28 @@ pub fn walk<M: GpuMemory + ?Sized>(
     budget: Budget,
     visit: &mut Visit<'_>,
 ) -> Result<WalkSummary> {
+    walk_with(gen, engine, mem, ring, budget, visit, false)
+}
+
+/// [`walk`] with a visitor of a known type, which the walk's loops call directly (the audit and
+/// remap walks: one call per command, inlined, instead of one through a `dyn` pointer). With
+/// `skip_quiet`, batch commands of [quiet](crate::table::quiet) rows inside a cached page are
+/// counted but not visited.
+pub(super) fn walk_with<M, V>(
+    gen: Gen,
+    engine: Engine,
+    mem: &M,
+    ring: RingSpan,
+    budget: Budget,
+    visit: &mut V,
+    skip_quiet: bool,
+) -> Result<WalkSummary>
+where
+    M: GpuMemory + ?Sized,
+    V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized,
+{
     let mut w = Walker::new(gen, engine, mem, budget, visit);
+    w.skip_quiet = skip_quiet;
     w.ring(ring)?;
     Ok(w.sum)
 }
