@@ -10,9 +10,10 @@
 //!   outside the vGPU's slices was ballooned, i915 initialised on the vGPU's PCI address; nothing
 //!   hung, wedged, reset or failed; the GT is idle and not wedged. Prints the probe time.
 //! - Work (stage 2): `gmig-i915-blit` (`crates/gmig-vmm/guest/i915.c`) renders frames on the
-//!   blitter through i915's uAPI in its context's PPGTT, alone and then two at once (two
-//!   PPGTTs); every frame's checksum is checked against this file's own computation of the
-//!   scene. Prints frames per second.
+//!   blitter through i915's uAPI in its context's PPGTT, with a render-engine batch of stores
+//!   and a `PIPE_CONTROL` write per frame (the program checks those), alone and then two at
+//!   once (two PPGTTs); every frame's checksum is checked against this file's own computation
+//!   of the scene. Prints frames per second.
 //! - Migration: the same program, live-migrated by QEMU (with `integrations/qemu/patches`) after
 //!   frame 100 to a destination whose vGPU sits in another host slot (i915's GGTT addresses are
 //!   remapped); every frame before and after the switch-over is checked, and no frame waits on

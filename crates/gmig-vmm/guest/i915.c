@@ -2,8 +2,11 @@
  * gmig-i915-blit: a static guest program that renders frames on the blitter through Linux's own
  * i915 driver and its uAPI only (issue 32, stage 2): GEM_CREATE, GEM_MMAP, EXECBUFFER2 on the
  * blitter engine (I915_EXEC_BLT) with XY_COLOR_BLT fills, XY_SRC_COPY_BLT copies and
- * MI_STORE_DATA_IMM stores, GEM_WAIT. Every frame is also drawn on the CPU; the program compares
- * the two and prints one line per frame and a final line:
+ * MI_STORE_DATA_IMM stores, GEM_WAIT. Each frame also has a batch on the render engine
+ * (I915_EXEC_RENDER: MI_STORE_DATA_IMM and a PIPE_CONTROL post-sync write into the status object
+ * the blitter's batch writes too, so i915 orders it after the blitter's). Every frame is also
+ * drawn on the CPU; the program compares the two, and every stored value, and prints one line
+ * per frame and a final line:
  *
  *   GMIG-BLIT: ppgtt <I915_PARAM_HAS_ALIASING_PPGTT> softpin <I915_PARAM_HAS_EXEC_SOFTPIN>
  *   GMIG-BLIT: frame <n> fnv <frame checksum, hex> ns <submit to idle>
@@ -103,6 +106,7 @@ struct execbuffer2 {
 
 #define PARAM_HAS_ALIASING_PPGTT 18
 #define PARAM_HAS_EXEC_SOFTPIN 37
+#define EXEC_RENDER 1
 #define EXEC_BLT 3
 #define EXEC_NO_RELOC (1u << 11)
 #define OBJ_WRITE (1u << 2)
@@ -115,6 +119,9 @@ struct execbuffer2 {
 #define MI_NOOP 0u
 #define MI_FLUSH_DW (0x26u << 23 | 2) /* 4 dwords, no post-sync */
 #define MI_STORE_DATA_IMM (0x20u << 23 | 2) /* PPGTT, 64-bit address, one dword */
+#define PIPE_CONTROL (3u << 29 | 3u << 27 | 2u << 24 | 4) /* 6 dwords */
+#define PC_WRITE_IMMEDIATE (1u << 14)
+#define PC_CS_STALL (1u << 20)
 #define XY_COLOR_BLT (2u << 29 | 0x50u << 22 | 3u << 20 | 5) /* 32 bpp: write alpha and RGB */
 #define XY_SRC_COPY_BLT (2u << 29 | 0x53u << 22 | 3u << 20 | 8)
 #define BR13_32BPP (3u << 24)
@@ -130,6 +137,7 @@ struct execbuffer2 {
 #define SPRITE_ADDR 0x0000008000000000ull /* 512 GiB: PML4 entry 1 */
 #define STATUS_ADDR 0x0000000003000000ull
 #define BATCH_ADDR 0x0000000004000000ull
+#define RBATCH_ADDR 0x0000000005000000ull
 #define BATCH_BYTES 4096
 #define STORES 4
 
@@ -170,6 +178,11 @@ static void sprite_copy(uint32_t f, uint32_t *sx, uint32_t *sy, uint32_t *dx, ui
 
 static uint32_t background(uint32_t f) { return mix(0x9000 + f) | 0xff000000u; }
 static uint32_t stored(uint32_t f, uint32_t i) { return mix(0xa000 + f * STORES + i); }
+/* The render engine's stores: dwords at status[RSTORE0 ..], a qword at status[RQWORD0 ..]. */
+#define RSTORE0 256
+#define RQWORD0 512
+static uint32_t rstored(uint32_t f, uint32_t i) { return mix(0xb000 + f * STORES + i); }
+static uint64_t rqword(uint32_t f) { return (uint64_t)mix(0xc000 + f) << 32 | f; }
 
 static uint64_t fnv(uint64_t h, const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -303,6 +316,24 @@ static uint32_t build_batch(uint32_t *batch, uint32_t f) {
     return (uint32_t)((cs - batch) * 4);
 }
 
+/* Frame f's render-engine batch; its length in bytes. */
+static uint32_t build_render_batch(uint32_t *batch, uint32_t f) {
+    uint32_t *cs = batch;
+    for (uint32_t i = 0; i < STORES; i++) {
+        *cs++ = MI_STORE_DATA_IMM;
+        cs = emit_addr(cs, STATUS_ADDR + 4 * (RSTORE0 + f % 64 * STORES + i));
+        *cs++ = rstored(f, i);
+    }
+    *cs++ = PIPE_CONTROL;
+    *cs++ = PC_WRITE_IMMEDIATE | PC_CS_STALL;
+    cs = emit_addr(cs, STATUS_ADDR + 4 * (RQWORD0 + f % 64 * 2));
+    *cs++ = (uint32_t)rqword(f);
+    *cs++ = (uint32_t)(rqword(f) >> 32);
+    *cs++ = MI_BATCH_BUFFER_END;
+    if ((cs - batch) & 1) *cs++ = MI_NOOP;
+    return (uint32_t)((cs - batch) * 4);
+}
+
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -326,8 +357,10 @@ int main(int argc, char **argv) {
 
     uint32_t h_fb = gem_create(FB_BYTES), h_sprite = gem_create(FB_BYTES);
     uint32_t h_status = gem_create(4096), h_batch = gem_create(BATCH_BYTES);
+    uint32_t h_rbatch = gem_create(BATCH_BYTES);
     uint32_t *fb = gem_mmap(h_fb, FB_BYTES), *sprite = gem_mmap(h_sprite, FB_BYTES);
     uint32_t *status = gem_mmap(h_status, 4096), *batch = gem_mmap(h_batch, BATCH_BYTES);
+    uint32_t *rbatch = gem_mmap(h_rbatch, BATCH_BYTES);
     cpu_domain(h_sprite, 1);
     for (uint32_t y = 0; y < H; y++)
         for (uint32_t x = 0; x < W; x++) sprite[y * W + x] = sprite_pixel(x, y);
@@ -345,11 +378,17 @@ int main(int argc, char **argv) {
         {.handle = h_status, .offset = STATUS_ADDR, .flags = OBJ_PINNED | OBJ_48B | OBJ_WRITE},
         {.handle = h_batch, .offset = BATCH_ADDR, .flags = OBJ_PINNED | OBJ_48B},
     };
+    struct exec_object2 robj[2] = {
+        {.handle = h_status, .offset = STATUS_ADDR, .flags = OBJ_PINNED | OBJ_48B | OBJ_WRITE},
+        {.handle = h_rbatch, .offset = RBATCH_ADDR, .flags = OBJ_PINNED | OBJ_48B},
+    };
     uint64_t all = FNV0, all_cpu = FNV0, t_start = now_ns();
     int bad = 0;
     for (uint32_t f = first; f < first + frames; f++) {
         cpu_domain(h_batch, 1);
         uint32_t len = build_batch(batch, f);
+        cpu_domain(h_rbatch, 1);
+        uint32_t rlen = build_render_batch(rbatch, f);
         struct execbuffer2 eb = {
             .buffers_ptr = (uint64_t)(uintptr_t)obj,
             .buffer_count = 4,
@@ -364,6 +403,13 @@ int main(int argc, char **argv) {
                 fail("a soft-pinned object moved");
             }
         }
+        struct execbuffer2 reb = {
+            .buffers_ptr = (uint64_t)(uintptr_t)robj,
+            .buffer_count = 2,
+            .batch_len = rlen,
+            .flags = EXEC_RENDER | EXEC_NO_RELOC,
+        };
+        xioctl(IOCTL_GEM_EXECBUFFER2, &reb, "EXECBUFFER2(render)");
         struct gem_wait w = {.bo_handle = h_fb, .timeout_ns = 20ll * 1000000000ll};
         xioctl(IOCTL_GEM_WAIT, &w, "GEM_WAIT");
         struct gem_wait ws = {.bo_handle = h_status, .timeout_ns = 20ll * 1000000000ll};
@@ -373,12 +419,27 @@ int main(int argc, char **argv) {
         cpu_domain(h_status, 0);
 
         cpu_frame(ref, ref_sprite, f);
-        uint32_t diffs = 0, first = 0;
+        uint32_t diffs = 0, first_diff = 0;
         for (uint32_t i = 0; i < W * H; i++) {
             if (fb[i] != ref[i]) {
-                if (!diffs) first = i;
+                if (!diffs) first_diff = i;
                 diffs++;
             }
+        }
+        for (uint32_t i = 0; i < STORES; i++) {
+            uint32_t got = status[RSTORE0 + f % 64 * STORES + i];
+            if (got != rstored(f, i)) {
+                printf("GMIG-BLIT: frame %u render store %u: got %#x want %#x\n", f, i, got,
+                       rstored(f, i));
+                bad = 1;
+            }
+        }
+        uint64_t q;
+        memcpy(&q, &status[RQWORD0 + f % 64 * 2], 8);
+        if (q != rqword(f)) {
+            printf("GMIG-BLIT: frame %u render PIPE_CONTROL: got %#llx want %#llx\n", f,
+                   (unsigned long long)q, (unsigned long long)rqword(f));
+            bad = 1;
         }
         for (uint32_t i = 0; i < STORES; i++) {
             uint32_t got = status[f % 64 * STORES + i];
@@ -389,7 +450,7 @@ int main(int argc, char **argv) {
         }
         if (diffs) {
             printf("GMIG-BLIT: frame %u: %u pixels differ, first at (%u,%u): got %#x want %#x\n", f,
-                   diffs, first % W, first / W, fb[first], ref[first]);
+                   diffs, first_diff % W, first_diff / W, fb[first_diff], ref[first_diff]);
             bad = 1;
         }
         uint64_t h = fnv(FNV0, (const uint8_t *)fb, FB_BYTES);
