@@ -8,6 +8,10 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::checkpoint::RestoreOptions;
+use crate::gm::{HostConfig, PartitionManager, VgpuType};
+use crate::gtt::copy_guest_ram;
+
 use crate::gm::PAGE_SIZE;
 use crate::mmio::{self, desc, lrc, ring, EngineId};
 use crate::regs::table::{GT_CONTEXT_SWITCH_INTERRUPT, GT_USER_INTERRUPT};
@@ -116,9 +120,16 @@ impl Setup {
             .unwrap();
     }
 
-    /// Writes i915's request into the ring (its tail into the context image) and the batch,
-    /// and submits the context on the blitter.
+    /// Writes i915's request and the batch and submits the context on the blitter; runs it.
     fn submit(&mut self, batch: &[u32]) {
+        self.queue(batch);
+        self.v.run_until_idle();
+    }
+
+    /// Writes i915's request into the ring (its tail into the context image) and the batch,
+    /// and submits the context on the blitter (queued: this guest has no interrupt handler, so
+    /// the work waits for the engine to be run).
+    fn queue(&mut self, batch: &[u32]) {
         let tl = (self.base + 4 * PAGE_SIZE) as u32;
         let ring: Vec<u32> = [
             &[0x0280_0000, 0][..],              // MI_ARB_CHECK, MI_NOOP
@@ -142,7 +153,6 @@ impl Setup {
         for dw in [0, 0, (d >> 32) as u32, d as u32] {
             self.v.mmio_write32(BCS + ring::ELSP, dw).unwrap();
         }
-        self.v.run_until_idle();
     }
 
     /// The framebuffer's pixel (x, y), through the reversed page mapping.
@@ -303,4 +313,43 @@ fn a_ppgtt_entry_outside_guest_ram_faults_without_writing() {
         s.last_csb(),
         (mmio::CSB_CTX_COMPLETE | mmio::CSB_ACTIVE_TO_IDLE, CTX_ID)
     );
+}
+
+/// The request queued, the vGPU checkpointed and restored onto other slices (a migration's
+/// destination): the rebased request runs there; its PPGTT batch is found through the root the
+/// checkpoint carries. Without the rebase (the negative twin) its first GGTT write faults.
+#[test]
+fn a_queued_i915_request_runs_after_a_restore_onto_other_slices() {
+    for remap in [true, false] {
+        let mut s = Setup::new();
+        s.queue(&user_batch());
+        assert_eq!(s.v.queued(), 1);
+        let mut pm = PartitionManager::new(HostConfig::default()).unwrap();
+        pm.place(VgpuType::V5_2).unwrap();
+        let (_, dest) = pm
+            .place_avoiding(VgpuType::V5_8, Some(&s.v.host_slices()))
+            .unwrap();
+        let ram = copy_guest_ram(s.v.guest_memory()).unwrap();
+        s.v = Vgpu::restore(&s.v.save(), ram, dest, RestoreOptions { remap }).unwrap();
+        assert_eq!(s.v.run_until_idle(), 1);
+        if remap {
+            assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+            assert_eq!(s.pixel(10, 2), 0xffaa_bbcc);
+            assert_eq!(s.get(STATUS_RAM + 8), 0xc0de_0001);
+            assert_eq!(s.breadcrumb(), SEQNO);
+        } else {
+            // The initial breadcrumb still names the source's slice, outside this vGPU's: the
+            // engine faults there and runs nothing after it (the status page, not rebased
+            // either, faults next).
+            let f = s.v.faults();
+            assert_eq!(f[0].kind, FaultKind::Memory, "{}", f[0].reason);
+            assert!(f[0].reason.contains("(Ring)"), "{}", f[0].reason);
+            assert_eq!(s.pixel(10, 2), 0);
+            assert_eq!(s.breadcrumb(), 0);
+        }
+        assert_eq!(
+            s.last_csb(),
+            (mmio::CSB_CTX_COMPLETE | mmio::CSB_ACTIVE_TO_IDLE, CTX_ID)
+        );
+    }
 }
