@@ -1,8 +1,9 @@
 /*
  * gmig-i915-blit: a static guest program that renders frames on the blitter through Linux's own
  * i915 driver and its uAPI only (issue 32, stage 2): GEM_CREATE, GEM_MMAP, EXECBUFFER2 on the
- * blitter engine (I915_EXEC_BLT) with XY_COLOR_BLT fills, XY_SRC_COPY_BLT copies and
- * MI_STORE_DATA_IMM stores, GEM_WAIT. Each frame also has a batch on the render engine
+ * blitter engine (I915_EXEC_BLT) with XY_COLOR_BLT fills, XY_SRC_COPY_BLT copies (the last one
+ * into an X-tiled surface, which the CPU detiles and compares) and MI_STORE_DATA_IMM stores,
+ * GEM_WAIT. Each frame also has a batch on the render engine
  * (I915_EXEC_RENDER: MI_STORE_DATA_IMM and a PIPE_CONTROL post-sync write into the status object
  * the blitter's batch writes too, so i915 orders it after the blitter's). Every frame is also
  * drawn on the CPU; the program compares the two, and every stored value, and prints one line
@@ -124,6 +125,7 @@ struct execbuffer2 {
 #define PC_CS_STALL (1u << 20)
 #define XY_COLOR_BLT (2u << 29 | 0x50u << 22 | 3u << 20 | 5) /* 32 bpp: write alpha and RGB */
 #define XY_SRC_COPY_BLT (2u << 29 | 0x53u << 22 | 3u << 20 | 8)
+#define XY_DST_TILED (1u << 11) /* X-tiled destination; its pitch in dwords */
 #define BR13_32BPP (3u << 24)
 #define ROP_PATCOPY (0xf0u << 16)
 #define ROP_SRCCOPY (0xccu << 16)
@@ -138,6 +140,7 @@ struct execbuffer2 {
 #define STATUS_ADDR 0x0000000003000000ull
 #define BATCH_ADDR 0x0000000004000000ull
 #define RBATCH_ADDR 0x0000000005000000ull
+#define TILED_ADDR 0x0000000006000000ull /* the frame, X-tiled */
 #define BATCH_BYTES 4096
 #define STORES 4
 
@@ -283,6 +286,25 @@ static uint32_t *emit_copy(uint32_t *cs, uint64_t src, uint32_t sx, uint32_t sy,
     return emit_addr(cs, src);
 }
 
+/* The whole frame, linear, to the X-tiled copy. */
+static uint32_t *emit_copy_to_tiled(uint32_t *cs) {
+    *cs++ = XY_SRC_COPY_BLT | XY_DST_TILED;
+    *cs++ = BR13_32BPP | ROP_SRCCOPY | PITCH / 4;
+    *cs++ = 0;
+    *cs++ = H << 16 | W;
+    cs = emit_addr(cs, TILED_ADDR);
+    *cs++ = 0;
+    *cs++ = PITCH;
+    return emit_addr(cs, FB_ADDR);
+}
+
+/* Byte offset of pixel (x, y) in an X-tiled surface of PITCH bytes a row: 4 KiB tiles of 512
+ * bytes by 8 rows, row-major (GEN9: no bit-6 swizzling). */
+static uint32_t x_tiled(uint32_t x, uint32_t y) {
+    uint32_t bx = x * 4;
+    return ((y / 8) * (PITCH / 512) + bx / 512) * 4096 + (y % 8) * 512 + bx % 512;
+}
+
 static uint32_t *emit_flush(uint32_t *cs) {
     *cs++ = MI_FLUSH_DW;
     *cs++ = 0;
@@ -305,6 +327,8 @@ static uint32_t build_batch(uint32_t *batch, uint32_t f) {
     cs = emit_copy(cs, SPRITE_ADDR, sx, sy, dx, dy, 64, 64);
     cs = emit_flush(cs); /* the block copy reads what the fills wrote */
     cs = emit_copy(cs, FB_ADDR, 0, 0, W - BLOCK, H - BLOCK, BLOCK, BLOCK);
+    cs = emit_flush(cs); /* the tiled copy reads the finished frame */
+    cs = emit_copy_to_tiled(cs);
     for (uint32_t i = 0; i < STORES; i++) {
         *cs++ = MI_STORE_DATA_IMM;
         cs = emit_addr(cs, STATUS_ADDR + 4 * (f % 64 * STORES + i));
@@ -357,10 +381,10 @@ int main(int argc, char **argv) {
 
     uint32_t h_fb = gem_create(FB_BYTES), h_sprite = gem_create(FB_BYTES);
     uint32_t h_status = gem_create(4096), h_batch = gem_create(BATCH_BYTES);
-    uint32_t h_rbatch = gem_create(BATCH_BYTES);
+    uint32_t h_rbatch = gem_create(BATCH_BYTES), h_tiled = gem_create(FB_BYTES);
     uint32_t *fb = gem_mmap(h_fb, FB_BYTES), *sprite = gem_mmap(h_sprite, FB_BYTES);
     uint32_t *status = gem_mmap(h_status, 4096), *batch = gem_mmap(h_batch, BATCH_BYTES);
-    uint32_t *rbatch = gem_mmap(h_rbatch, BATCH_BYTES);
+    uint32_t *rbatch = gem_mmap(h_rbatch, BATCH_BYTES), *tiled = gem_mmap(h_tiled, FB_BYTES);
     cpu_domain(h_sprite, 1);
     for (uint32_t y = 0; y < H; y++)
         for (uint32_t x = 0; x < W; x++) sprite[y * W + x] = sprite_pixel(x, y);
@@ -372,7 +396,8 @@ int main(int argc, char **argv) {
     for (uint32_t y = 0; y < H; y++)
         for (uint32_t x = 0; x < W; x++) ref_sprite[y * W + x] = sprite_pixel(x, y);
 
-    struct exec_object2 obj[4] = {
+    struct exec_object2 obj[5] = {
+        {.handle = h_tiled, .offset = TILED_ADDR, .flags = OBJ_PINNED | OBJ_48B | OBJ_WRITE},
         {.handle = h_fb, .offset = FB_ADDR, .flags = OBJ_PINNED | OBJ_48B | OBJ_WRITE},
         {.handle = h_sprite, .offset = SPRITE_ADDR, .flags = OBJ_PINNED | OBJ_48B},
         {.handle = h_status, .offset = STATUS_ADDR, .flags = OBJ_PINNED | OBJ_48B | OBJ_WRITE},
@@ -391,14 +416,15 @@ int main(int argc, char **argv) {
         uint32_t rlen = build_render_batch(rbatch, f);
         struct execbuffer2 eb = {
             .buffers_ptr = (uint64_t)(uintptr_t)obj,
-            .buffer_count = 4,
+            .buffer_count = 5,
             .batch_len = len,
             .flags = EXEC_BLT | EXEC_NO_RELOC,
         };
         uint64_t t0 = now_ns();
         xioctl(IOCTL_GEM_EXECBUFFER2, &eb, "EXECBUFFER2");
-        for (int i = 0; i < 4; i++) {
-            if (obj[i].offset != (i == 0 ? FB_ADDR : i == 1 ? SPRITE_ADDR : i == 2 ? STATUS_ADDR : BATCH_ADDR)) {
+        static const uint64_t pinned[5] = {TILED_ADDR, FB_ADDR, SPRITE_ADDR, STATUS_ADDR, BATCH_ADDR};
+        for (int i = 0; i < 5; i++) {
+            if (obj[i].offset != pinned[i]) {
                 errno = EFAULT;
                 fail("a soft-pinned object moved");
             }
@@ -415,8 +441,11 @@ int main(int argc, char **argv) {
         struct gem_wait ws = {.bo_handle = h_status, .timeout_ns = 20ll * 1000000000ll};
         xioctl(IOCTL_GEM_WAIT, &ws, "GEM_WAIT(status)");
         uint64_t t1 = now_ns();
+        struct gem_wait wt = {.bo_handle = h_tiled, .timeout_ns = 20ll * 1000000000ll};
+        xioctl(IOCTL_GEM_WAIT, &wt, "GEM_WAIT(tiled)");
         cpu_domain(h_fb, 0);
         cpu_domain(h_status, 0);
+        cpu_domain(h_tiled, 0);
 
         cpu_frame(ref, ref_sprite, f);
         uint32_t diffs = 0, first_diff = 0;
@@ -447,6 +476,14 @@ int main(int argc, char **argv) {
                 printf("GMIG-BLIT: frame %u store %u: got %#x want %#x\n", f, i, got, stored(f, i));
                 bad = 1;
             }
+        }
+        uint32_t tdiffs = 0;
+        for (uint32_t y = 0; y < H; y++)
+            for (uint32_t x = 0; x < W; x++)
+                tdiffs += tiled[x_tiled(x, y) / 4] != ref[y * W + x];
+        if (tdiffs) {
+            printf("GMIG-BLIT: frame %u: %u pixels of the X-tiled copy differ\n", f, tdiffs);
+            bad = 1;
         }
         if (diffs) {
             printf("GMIG-BLIT: frame %u: %u pixels differ, first at (%u,%u): got %#x want %#x\n", f,
