@@ -264,6 +264,30 @@ impl IndirectState {
         })
     }
 
+    /// Whether `key` is the [`IndirectState::surface_key`] of work `work` (command `d`) now,
+    /// compared field by field where the key would be built (no copy of the state).
+    #[inline]
+    pub(crate) fn has_surface_key(&self, d: &Decoded<'_>, work: Work, key: &SurfaceKey) -> bool {
+        key.space == self.space
+            && key.instruction == self.instruction
+            && key.surface == self.surface
+            && key.bt_pool == self.bt_pool
+            && match (work, &key.of) {
+                (Work::Draw, SurfaceWork::Draw { bt, stages }) => {
+                    *bt == self.bt && *stages == self.stages
+                }
+                (
+                    Work::Dispatch,
+                    SurfaceWork::Dispatch {
+                        idd,
+                        dynamic,
+                        index,
+                    },
+                ) => *idd == self.idd && *dynamic == self.dynamic && *index == dispatch_index(d),
+                _ => false,
+            }
+    }
+
     /// The surface states work `work` (command `d`) reads: its footprint's
     /// [`Footprint::surface_states`].
     pub(crate) fn surface_states(

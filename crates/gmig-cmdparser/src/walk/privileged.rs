@@ -24,6 +24,8 @@ pub(super) struct PrivilegedSurfaces {
     /// Keys of the work already resolved in this walk, most recent last (at most
     /// [`MAX_SURFACE_KEYS`]; a key dropped is only resolved again).
     keys: Vec<SurfaceKey>,
+    /// Where in `keys` the last work's key was found.
+    last_hit: usize,
 }
 
 /// Most [`SurfaceKey`]s a walk remembers.
@@ -38,6 +40,7 @@ impl PrivilegedSurfaces {
             state: IndirectState::new(gen, AddressSpace::Ggtt),
             seen: HashSet::new(),
             keys: Vec::new(),
+            last_hit: 0,
         }
     }
 
@@ -92,12 +95,34 @@ impl PrivilegedSurfaces {
         work: Work,
         mem: &dyn GpuMemory,
     ) -> Result<Vec<SurfaceState>> {
+        if !matches!(work, Work::Draw | Work::Dispatch) {
+            // No surface key: no surface state.
+            return Ok(Vec::new());
+        }
+        // The key that matched last time first (drivers alternate among a few), then the rest,
+        // each compared in place against the state.
+        let (state, cmd) = (&self.state, &w.cmd);
+        let hit = self
+            .keys
+            .get(self.last_hit)
+            .is_some_and(|k| state.has_surface_key(cmd, work, k))
+            || match self
+                .keys
+                .iter()
+                .rposition(|k| state.has_surface_key(cmd, work, k))
+            {
+                Some(i) => {
+                    self.last_hit = i;
+                    true
+                }
+                None => false,
+            };
+        if hit {
+            return Ok(Vec::new());
+        }
         let Some(key) = self.state.surface_key(&w.cmd, work) else {
             return Ok(Vec::new());
         };
-        if self.keys.iter().rev().any(|k| *k == key) {
-            return Ok(Vec::new());
-        }
         if self.keys.len() == MAX_SURFACE_KEYS {
             self.keys.remove(0);
         }
