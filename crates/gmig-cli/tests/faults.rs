@@ -80,6 +80,7 @@ fn run(trigger: Option<(Dir, u64)>, fault: Fault, dir: &Path) -> Run {
         trigger.map(|(d, at)| (d, Limit::Bytes(at))),
         fault,
         None,
+        None,
     )
 }
 

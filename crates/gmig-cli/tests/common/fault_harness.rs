@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -94,11 +94,91 @@ impl Fault {
 }
 
 /// Where in a direction the fault strikes: past a byte offset, or (whole-VM stream, towards the
-/// destination) past the end of the DONE record, that is on the source's COMMIT.
+/// destination) past the end of the DONE record, that is on the source's COMMIT, or in a record
+/// of the whole-VM stream found as it crosses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Limit {
     Bytes(u64),
     VmStreamEnd,
+    /// The first record with this tag that starts where `after` says; the fault strikes `at`.
+    VmRecord {
+        tag: u8,
+        after: After,
+        at: At,
+    },
+}
+
+/// Which part of the whole-VM stream a [`Limit::VmRecord`] is looked for in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    /// Anywhere (the first such record).
+    Start,
+    /// After the first DEVICE record (the first pass's vGPU data) and before the source paused.
+    FirstPass,
+    /// After the source paused ([`Marks::stop`]).
+    Pause,
+}
+
+/// Where in the record the fault strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// Its header crossed, its payload is held.
+    Header,
+    /// The middle of its payload.
+    Middle,
+}
+
+/// What the whole-VM cells learn of the stream as it crosses, shared between the proxy and the
+/// source's vGPU relay: the relay holds the source's STOP_COPY request until everything the source
+/// wrote before its pause has crossed (the link is quiet with the proxy waiting to read), and
+/// marks that offset as the start of the stream's downtime part.
+pub struct Marks {
+    received: AtomicU64,
+    reading: AtomicBool,
+    /// The proxy stopped forwarding towards the destination (it closed, or a fault struck).
+    closed: AtomicBool,
+    /// Offset of the first byte the source wrote after it paused (`u64::MAX`: not yet).
+    stop: AtomicU64,
+}
+
+impl Default for Marks {
+    fn default() -> Self {
+        Marks {
+            received: AtomicU64::new(0),
+            reading: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            stop: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Marks {
+    pub fn new() -> Arc<Marks> {
+        Arc::new(Marks::default())
+    }
+
+    /// Where the source's downtime part starts, once known.
+    pub fn stop(&self) -> Option<u64> {
+        let s = self.stop.load(Ordering::SeqCst);
+        (s != u64::MAX).then_some(s)
+    }
+
+    /// Waits until the link towards the destination is quiet (the source is blocked on its
+    /// vGPU) and marks what crossed as everything before the pause. Marks nothing when the link
+    /// no longer forwards, or stays busy past a second.
+    pub fn mark_pause(&self) {
+        let t0 = Instant::now();
+        let mut last = u64::MAX;
+        while !self.closed.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(1) {
+            let now = self.received.load(Ordering::SeqCst);
+            if now == last && self.reading.load(Ordering::SeqCst) {
+                self.stop.store(now, Ordering::SeqCst);
+                return;
+            }
+            last = now;
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
 }
 
 /// What a fault that strikes a vGPU process does when the proxy trips.
@@ -115,6 +195,7 @@ pub struct Trip {
     /// Where the proxy tripped: the direction and the bytes that had crossed in it.
     at: Mutex<Option<(Dir, u64)>>,
     on_fire: Option<OnFire>,
+    marks: Arc<Marks>,
 }
 
 impl Trip {
@@ -168,13 +249,61 @@ fn vm_done_end(bytes: &[u8], cursor: &mut usize) -> Option<u64> {
     None
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<Limit>, trip: &Trip, dir: Dir) {
+/// A [`Limit::VmRecord`] once its record arrived: the byte at which it strikes. `cursor` walks
+/// the records, `device` says whether a DEVICE record went by.
+fn vm_record_at(
+    bytes: &[u8],
+    cursor: &mut usize,
+    device: &mut bool,
+    want: (u8, After, At),
+    marks: &Marks,
+) -> Option<u64> {
+    const DEVICE: u8 = 3;
+    *cursor = (*cursor).max(8);
+    while let Some(head) = bytes.get(*cursor..*cursor + 9) {
+        let (off, tag) = (*cursor as u64, head[0]);
+        let len = u64::from(u32::from_le_bytes([head[1], head[2], head[3], head[4]]));
+        let paused = marks.stop().is_some_and(|s| off >= s);
+        let fits = tag == want.0
+            && match want.1 {
+                After::Start => true,
+                After::FirstPass => *device && !paused,
+                After::Pause => paused,
+            };
+        if fits {
+            return Some(match want.2 {
+                At::Header => off + 9,
+                At::Middle => off + 9 + len / 2,
+            });
+        }
+        *device |= tag == DEVICE;
+        *cursor += 9 + len as usize;
+    }
+    None
+}
+
+fn pump(from: TcpStream, to: TcpStream, limit: Option<Limit>, trip: &Trip, dir: Dir) {
+    forward(from, to, limit, trip, dir);
+    if dir == Dir::ToDest {
+        trip.marks.closed.store(true, Ordering::SeqCst);
+    }
+}
+
+fn forward(mut from: TcpStream, mut to: TcpStream, limit: Option<Limit>, trip: &Trip, dir: Dir) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut sent = 0u64;
     let mut cursor = 0;
+    let mut device = false;
     let mut limit = limit;
     loop {
-        let n = match from.read(&mut buf) {
+        if dir == Dir::ToDest {
+            trip.marks.reading.store(true, Ordering::SeqCst);
+        }
+        let read = from.read(&mut buf);
+        if dir == Dir::ToDest {
+            trip.marks.reading.store(false, Ordering::SeqCst);
+        }
+        let n = match read {
             Ok(0) | Err(_) => {
                 if !trip.swallow.load(Ordering::SeqCst) {
                     let _ = to.shutdown(Shutdown::Write);
@@ -184,17 +313,32 @@ fn pump(mut from: TcpStream, mut to: TcpStream, limit: Option<Limit>, trip: &Tri
             Ok(n) => n,
         };
         if trip.swallow.load(Ordering::SeqCst) {
+            trip.marks.closed.store(true, Ordering::SeqCst);
             continue; // swallowed: after a cut nothing crosses, after a kill nothing matters
         }
         if dir == Dir::ToDest {
             let mut captured = trip.captured.lock().unwrap();
             captured.extend_from_slice(&buf[..n]);
-            if limit == Some(Limit::VmStreamEnd) {
-                // COMMIT only follows the destination's ACK of the whole stream, so it never
-                // shares a read with the stream's last bytes.
-                if let Some(end) = vm_done_end(&captured, &mut cursor) {
-                    limit = Some(Limit::Bytes(end));
+            trip.marks
+                .received
+                .store(captured.len() as u64, Ordering::SeqCst);
+            match limit {
+                Some(Limit::VmStreamEnd) => {
+                    // COMMIT only follows the destination's ACK of the whole stream, so it
+                    // never shares a read with the stream's last bytes.
+                    if let Some(end) = vm_done_end(&captured, &mut cursor) {
+                        limit = Some(Limit::Bytes(end));
+                    }
                 }
+                Some(Limit::VmRecord { tag, after, at }) => {
+                    let want = (tag, after, at);
+                    if let Some(b) =
+                        vm_record_at(&captured, &mut cursor, &mut device, want, &trip.marks)
+                    {
+                        limit = Some(Limit::Bytes(b));
+                    }
+                }
+                _ => {}
             }
         }
         let mut take = n;
@@ -358,6 +502,7 @@ pub fn run_pair(
     trigger: Option<(Dir, Limit)>,
     fault: Fault,
     on_fire: Option<OnFire>,
+    marks: Option<Arc<Marks>>,
 ) -> Run {
     let dest_addr = free_addr();
     let dest = dest(&dest_addr)
@@ -376,6 +521,7 @@ pub fn run_pair(
         captured: Mutex::new(Vec::new()),
         at: Mutex::new(None),
         on_fire,
+        marks: marks.unwrap_or_default(),
     });
     let relay = proxy.run(trigger, trip.clone());
     let source = source(&proxy_addr)

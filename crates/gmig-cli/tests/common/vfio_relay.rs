@@ -42,6 +42,8 @@ pub struct Req {
     pub feature: Option<u32>,
     /// The device state the vGPU was last told to enter before this request (RUNNING at first).
     pub state: u32,
+    /// A MIG_DEVICE_STATE SET: the state it asks for.
+    pub sets: Option<u32>,
 }
 
 impl Req {
@@ -63,9 +65,13 @@ pub enum Action {
 /// Decides, for each request of the VMM (the log so far, this one last), whether to fire.
 pub type Trigger = Box<dyn Fn(&[Req]) -> bool + Send + Sync>;
 
+/// Sees each request of the VMM before it goes on (it may hold it a while).
+pub type Watch = Box<dyn Fn(&Req) + Send + Sync>;
+
 struct Shared {
     action: Action,
     trigger: Option<Trigger>,
+    watch: Option<Watch>,
     server: Mutex<Option<Child>>,
     fired: AtomicBool,
     /// The request at which the relay fired (None: fired from outside, or not fired).
@@ -103,18 +109,21 @@ pub struct Relay {
 
 impl Relay {
     /// Relays the first connection to `listen` to the server `server` listens on (its process
-    /// `child`), firing `action` at the first request `trigger` picks.
+    /// `child`), firing `action` at the first request `trigger` picks; `watch` sees every
+    /// request first.
     pub fn start(
         listen: &Path,
         server: PathBuf,
         child: Child,
         action: Action,
         trigger: Option<Trigger>,
+        watch: Option<Watch>,
     ) -> Relay {
         let listener = UnixListener::bind(listen).unwrap();
         let shared = Arc::new(Shared {
             action,
             trigger,
+            watch,
             server: Mutex::new(Some(child)),
             fired: AtomicBool::new(false),
             fired_at: Mutex::new(None),
@@ -264,10 +273,14 @@ fn request(msg: &[u8], state: u32) -> Req {
     } else {
         None
     };
+    let sets = flags
+        .filter(|f| f & FEATURE_SET != 0 && f & 0xffff == FEATURE_MIG_DEVICE_STATE)
+        .and_then(|_| word(24));
     Req {
         command,
         feature: flags.map(|f| f & 0xffff),
         state,
+        sets,
     }
 }
 
@@ -284,17 +297,14 @@ fn pump(mut from: UnixStream, mut to: UnixStream, sh: &Shared, up: bool) {
                 log.push(req);
                 sh.trigger.as_ref().is_some_and(|t| t(&log))
             };
-            if req.command == DEVICE_FEATURE {
-                let flags = u32::from_le_bytes([msg[20], msg[21], msg[22], msg[23]]);
-                if flags & FEATURE_SET != 0 && flags & 0xffff == FEATURE_MIG_DEVICE_STATE {
-                    if let Some(b) = msg.get(24..28) {
-                        state = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                    }
-                }
+            if let Some(to) = req.sets {
+                state = to;
             }
             if fire {
                 // The request dies with the server, or is held.
                 sh.fire(Some(req));
+            } else if let Some(w) = &sh.watch {
+                w(&req);
             }
         }
         if sh.fired.load(Ordering::SeqCst) {
