@@ -13,7 +13,8 @@
 //!   blitter through i915's uAPI in its context's PPGTT, with a render-engine batch of stores
 //!   and a `PIPE_CONTROL` write per frame (the program checks those), alone and then two at
 //!   once (two PPGTTs); every frame's checksum is checked against this file's own computation
-//!   of the scene. Prints frames per second.
+//!   of the scene. Prints frames per second. QEMU runs with `x-no-posted-writes` (see
+//!   [`no_posted_writes`]).
 //! - Migration: the same program, live-migrated by QEMU (with `integrations/qemu/patches`) after
 //!   frame 100 to a destination whose vGPU sits in another host slot (i915's GGTT addresses are
 //!   remapped); every frame before and after the switch-over is checked, and no frame waits on
@@ -388,6 +389,20 @@ fn blit_script() -> String {
     )
 }
 
+/// QEMU arguments that make every region write of the vfio-user device wait for the server's
+/// reply. By default QEMU posts them (it relies on the server handling messages in order, which
+/// orders them before any later region *read*), but a write through the aperture (BAR2) lands in
+/// guest RAM, which the guest then reads directly, not through the server: `gmig-i915-blit`'s
+/// word written through its aperture mapping then read back through its CPU mapping sometimes
+/// reads the value before. QEMU turns posting off by itself only for a device with an mmappable
+/// region.
+fn no_posted_writes() -> Vec<String> {
+    vec![
+        "-global".into(),
+        "vfio-user-pci.x-no-posted-writes=true".into(),
+    ]
+}
+
 /// QEMU and a guest with i915, `gmig-i915-blit` and `/bin/run-blit` (`script`), or `None` (said
 /// loudly) where QEMU's source is not here.
 fn blit_tools(dir: &Path, script_text: &str) -> Option<Tools> {
@@ -422,6 +437,7 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
     let spec = VmSpec {
         gpus: vec![serve.socket.clone()],
         run: Some("/bin/i915-probe,300,after=/bin/run-blit".into()),
+        extra: no_posted_writes(),
         ..VmSpec::default()
     };
     let mut vm = Vm::start(&tools, &spec, dir.path(), "blit");
@@ -560,11 +576,14 @@ fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
         "i915",
         &[],
         &[],
-        |socket, extra| VmSpec {
+        |socket, mut extra| VmSpec {
             gpus: vec![socket.to_path_buf()],
             run: Some("/bin/i915-probe,300,after=/bin/run-blit".into()),
             ram_mib: 256,
-            extra,
+            extra: {
+                extra.extend(no_posted_writes());
+                extra
+            },
             ..VmSpec::default()
         },
     );

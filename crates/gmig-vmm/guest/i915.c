@@ -3,7 +3,8 @@
  * i915 driver and its uAPI only (issue 32, stage 2): GEM_CREATE, GEM_MMAP, EXECBUFFER2 on the
  * blitter engine (I915_EXEC_BLT) with XY_COLOR_BLT fills, XY_SRC_COPY_BLT copies (the last one
  * into an X-tiled surface, which the CPU detiles and compares) and MI_STORE_DATA_IMM stores,
- * GEM_WAIT. Each frame also has a batch on the render engine
+ * GEM_WAIT. The stored values are also read, and one word written, through an aperture
+ * mapping (GEM_MMAP_OFFSET with I915_MMAP_OFFSET_GTT). Each frame also has a batch on the render engine
  * (I915_EXEC_RENDER: MI_STORE_DATA_IMM and a PIPE_CONTROL post-sync write into the status object
  * the blitter's batch writes too, so i915 orders it after the blitter's). Every frame is also
  * drawn on the CPU; the program compares the two, and every stored value, and prints one line
@@ -55,6 +56,13 @@ struct gem_mmap {
     uint64_t addr_ptr;
     uint64_t flags;
 };
+struct gem_mmap_offset {
+    uint32_t handle;
+    uint32_t pad;
+    uint64_t offset;
+    uint64_t flags;
+    uint64_t extensions;
+};
 struct gem_set_domain {
     uint32_t handle;
     uint32_t read_domains;
@@ -104,6 +112,8 @@ struct execbuffer2 {
 #define IOCTL_GEM_SET_DOMAIN IOW(DRM_CMD + 0x1f, struct gem_set_domain)
 #define IOCTL_GEM_EXECBUFFER2 IOWR(DRM_CMD + 0x29, struct execbuffer2)
 #define IOCTL_GEM_WAIT IOWR(DRM_CMD + 0x2c, struct gem_wait)
+#define IOCTL_GEM_MMAP_OFFSET IOWR(DRM_CMD + 0x24, struct gem_mmap_offset)
+#define MMAP_OFFSET_GTT 0
 
 #define PARAM_HAS_ALIASING_PPGTT 18
 #define PARAM_HAS_EXEC_SOFTPIN 37
@@ -114,6 +124,7 @@ struct execbuffer2 {
 #define OBJ_48B (1u << 3)
 #define OBJ_PINNED (1u << 4)
 #define DOMAIN_CPU 0x1
+#define DOMAIN_GTT 0x40
 
 /* ---- GEN9 commands (the blitter's and MI) ---- */
 #define MI_BATCH_BUFFER_END 0x05000000u
@@ -184,6 +195,7 @@ static uint32_t stored(uint32_t f, uint32_t i) { return mix(0xa000 + f * STORES 
 /* The render engine's stores: dwords at status[RSTORE0 ..], a qword at status[RQWORD0 ..]. */
 #define RSTORE0 256
 #define RQWORD0 512
+#define APERTURE_WORD 1000 /* written by the CPU through the aperture */
 static uint32_t rstored(uint32_t f, uint32_t i) { return mix(0xb000 + f * STORES + i); }
 static uint64_t rqword(uint32_t f) { return (uint64_t)mix(0xc000 + f) << 32 | f; }
 
@@ -251,6 +263,21 @@ static void *gem_mmap(uint32_t handle, uint64_t size) {
     struct gem_mmap m = {.handle = handle, .size = size};
     xioctl(IOCTL_GEM_MMAP, &m, "GEM_MMAP");
     return (void *)(uintptr_t)m.addr_ptr;
+}
+
+/* A mapping through the aperture (GEM_MMAP_OFFSET, I915_MMAP_OFFSET_GTT): i915 binds the object
+ * into the mappable GGTT (the vGPU's aperture slice) and the CPU's accesses go through BAR2. */
+static void *gem_mmap_gtt(uint32_t handle, uint64_t size) {
+    struct gem_mmap_offset m = {.handle = handle, .flags = MMAP_OFFSET_GTT};
+    xioctl(IOCTL_GEM_MMAP_OFFSET, &m, "GEM_MMAP_OFFSET(GTT)");
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)m.offset);
+    if (p == MAP_FAILED) fail("mmap(GTT)");
+    return p;
+}
+
+static void gtt_domain(uint32_t handle, int write) {
+    struct gem_set_domain d = {handle, DOMAIN_GTT, write ? DOMAIN_GTT : 0};
+    xioctl(IOCTL_GEM_SET_DOMAIN, &d, "GEM_SET_DOMAIN(GTT)");
 }
 
 static void cpu_domain(uint32_t handle, int write) {
@@ -385,6 +412,7 @@ int main(int argc, char **argv) {
     uint32_t *fb = gem_mmap(h_fb, FB_BYTES), *sprite = gem_mmap(h_sprite, FB_BYTES);
     uint32_t *status = gem_mmap(h_status, 4096), *batch = gem_mmap(h_batch, BATCH_BYTES);
     uint32_t *rbatch = gem_mmap(h_rbatch, BATCH_BYTES), *tiled = gem_mmap(h_tiled, FB_BYTES);
+    volatile uint32_t *status_gtt = gem_mmap_gtt(h_status, 4096);
     cpu_domain(h_sprite, 1);
     for (uint32_t y = 0; y < H; y++)
         for (uint32_t x = 0; x < W; x++) sprite[y * W + x] = sprite_pixel(x, y);
@@ -476,6 +504,23 @@ int main(int argc, char **argv) {
                 printf("GMIG-BLIT: frame %u store %u: got %#x want %#x\n", f, i, got, stored(f, i));
                 bad = 1;
             }
+        }
+        /* The same stores read through the aperture, and a word written back through it. */
+        gtt_domain(h_status, 1);
+        for (uint32_t i = 0; i < STORES; i++) {
+            uint32_t at = f % 64 * STORES + i, got = status_gtt[at];
+            if (got != stored(f, i) || status_gtt[RSTORE0 + at] != rstored(f, i)) {
+                printf("GMIG-BLIT: frame %u store %u through the aperture: got %#x want %#x\n", f,
+                       i, got, stored(f, i));
+                bad = 1;
+            }
+        }
+        status_gtt[APERTURE_WORD] = ~f;
+        cpu_domain(h_status, 0);
+        if (status[APERTURE_WORD] != ~f) {
+            printf("GMIG-BLIT: frame %u: a write through the aperture reads back %#x\n", f,
+                   status[APERTURE_WORD]);
+            bad = 1;
         }
         uint32_t tdiffs = 0;
         for (uint32_t y = 0; y < H; y++)
