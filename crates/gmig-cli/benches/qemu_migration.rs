@@ -14,7 +14,7 @@
 //!
 //! It prints `query-migrate`'s `downtime`, `total-time` and `setup-time`, the RAM and device
 //! bytes, one markdown row per run; then `gmig bench vm --links 10` (the freestanding driver under
-//! `gmig-vmm`, KVM) at the same sizes (3 GiB where a size is over what `gmig vm` runs). Skips, saying why, where QEMU's source tarball is absent.
+//! `gmig-vmm`, KVM) at the same sizes. Skips, saying why, where QEMU's source tarball is absent.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,9 +23,6 @@ use std::time::Duration;
 use gmig_test_support::qemu::pair::Pair;
 use gmig_test_support::qemu::{qemu_source_present, Tools, VmSpec};
 use serde_json::Value;
-
-/// The most guest RAM `gmig vm` runs: RAM below the 32-bit device window.
-const GMIG_VMM_MAX_MIB: u64 = 3072;
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
@@ -160,19 +157,7 @@ fn main() {
         eprintln!("SKIPPED: /dev/kvm is absent: no `gmig bench vm` row");
         return;
     }
-    // gmig-vmm places guest RAM below the 32-bit device window only (3 GiB at most).
-    let (fit, over): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&m| m <= GMIG_VMM_MAX_MIB);
-    for m in over {
-        println!(
-            "\n`gmig bench vm` at {m} MiB: not run (gmig-vmm has no guest RAM above 3 GiB; \
-             measured at {GMIG_VMM_MAX_MIB} MiB instead)"
-        );
-    }
-    let mut fit = fit;
-    if fit.len() < sizes.len() && !fit.contains(&GMIG_VMM_MAX_MIB) {
-        fit.push(GMIG_VMM_MAX_MIB);
-    }
-    let mib: Vec<String> = fit.iter().map(u64::to_string).collect();
+    let mib: Vec<String> = sizes.iter().map(u64::to_string).collect();
     let out = Command::new(gmig())
         .args(["--json", "bench", "vm", "--profiles", "desktop", "--links"])
         .args(["10", "--reps"])

@@ -198,10 +198,15 @@ impl Remote {
 
 impl GpuLink for Remote {
     fn attach_ram(&mut self, mem: &GuestMemoryMmap, file: &File) -> Result<()> {
-        let size = gmig_vgpu::gtt::ram_size(mem);
-        self.0
-            .dma_map(file, 0, 0, size)
-            .map_err(|e| dev("DMA_MAP", e))
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        // One DMA_MAP per region of guest RAM, at its place in the memfd.
+        for r in mem.iter() {
+            let offset = r.file_offset().map_or(0, vm_memory::FileOffset::start);
+            self.0
+                .dma_map(file, offset, r.start_addr().0, r.len())
+                .map_err(|e| dev("DMA_MAP", e))?;
+        }
+        Ok(())
     }
 
     fn region_size(&mut self, index: u32) -> Result<Option<u64>> {

@@ -42,8 +42,29 @@ pub const MIGRATED_MSRS: [u32; 11] = [
 ];
 const MSR_IA32_TSC: u32 = 0x10;
 
-/// Makes `size` bytes of memfd-backed guest RAM at guest address 0, shareable with the vGPU and a
-/// vfio-user server (the same file can be mapped elsewhere).
+/// Guest RAM below this guest-physical address is low RAM, which the guest program uses; the
+/// device window (the BARs the guest places at 4 GiB and up) follows.
+pub const LOW_RAM_MAX: u64 = 3 << 30;
+/// Where RAM beyond [`LOW_RAM_MAX`] goes: above the identity-mapped space and its BARs. The guest
+/// program never touches it (it is told of low RAM only); it is migrated like all guest RAM.
+pub const HIGH_RAM_BASE: u64 = IDENTITY_MAP_GIB << 30;
+/// The most guest RAM a VM takes.
+pub const MAX_RAM: u64 = 256 << 30;
+
+/// The guest-physical ranges `(start, length)` of `size` bytes of guest RAM: up to
+/// [`LOW_RAM_MAX`] at 0, the rest at [`HIGH_RAM_BASE`].
+pub fn ram_layout(size: u64) -> Vec<(u64, u64)> {
+    let low = size.min(LOW_RAM_MAX);
+    let mut v = vec![(0, low)];
+    if size > low {
+        v.push((HIGH_RAM_BASE, size - low));
+    }
+    v
+}
+
+/// Makes `size` bytes of memfd-backed guest RAM laid out by [`ram_layout`] (one memfd, the high
+/// part at file offset [`LOW_RAM_MAX`]), shareable with the vGPU and a vfio-user server (the same
+/// file can be mapped elsewhere).
 pub fn memfd_guest_ram(size: usize) -> Result<(GuestMemoryMmap<()>, File)> {
     // SAFETY: memfd_create with a valid NUL-terminated name; the fd is checked before use.
     let fd = unsafe { libc::memfd_create(c"gmig-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
@@ -57,12 +78,20 @@ pub fn memfd_guest_ram(size: usize) -> Result<(GuestMemoryMmap<()>, File)> {
     let file = unsafe { File::from_raw_fd(fd) };
     file.set_len(size as u64)
         .map_err(|e| Error::Ram(e.to_string()))?;
-    let dup = file.try_clone().map_err(|e| Error::Ram(e.to_string()))?;
-    let region = MmapRegion::from_file(FileOffset::new(dup, 0), size)
-        .map_err(|e| Error::Ram(e.to_string()))?;
-    let region = GuestRegionMmap::new(region, GuestAddress(0))
-        .ok_or_else(|| Error::Ram("region overflows".into()))?;
-    let mem = GuestMemoryMmap::from_regions(vec![region]).map_err(|e| Error::Ram(e.to_string()))?;
+    let mut regions = Vec::new();
+    let mut offset = 0u64;
+    for (start, len) in ram_layout(size as u64) {
+        let dup = file.try_clone().map_err(|e| Error::Ram(e.to_string()))?;
+        let len_usize = usize::try_from(len).map_err(|e| Error::Ram(e.to_string()))?;
+        let region = MmapRegion::from_file(FileOffset::new(dup, offset), len_usize)
+            .map_err(|e| Error::Ram(e.to_string()))?;
+        regions.push(
+            GuestRegionMmap::new(region, GuestAddress(start))
+                .ok_or_else(|| Error::Ram("region overflows".into()))?,
+        );
+        offset += len;
+    }
+    let mem = GuestMemoryMmap::from_regions(regions).map_err(|e| Error::Ram(e.to_string()))?;
     Ok((mem, file))
 }
 
@@ -143,10 +172,11 @@ impl Vm {
     /// Creates a VM with `ram_size` bytes of memfd RAM (dirty logging on) and one vCPU set up for
     /// 64-bit long mode, entering at [`LOAD_ADDR`] where `program` is copied.
     pub fn new(ram_size: usize, program: &[u8]) -> Result<Self> {
-        if (ram_size as u64) > (3 << 30) {
-            return Err(Error::Ram(
-                "guest RAM above 3 GiB would overlap the device window".into(),
-            ));
+        if (ram_size as u64) > MAX_RAM || !ram_size.is_multiple_of(4096) || ram_size == 0 {
+            return Err(Error::Ram(format!(
+                "guest RAM of {ram_size} bytes: give a multiple of 4 KiB, at most {} GiB",
+                MAX_RAM >> 30
+            )));
         }
         let kvm_h = Kvm::new().map_err(kvm("open /dev/kvm"))?;
         let vm = kvm_h.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
@@ -292,11 +322,70 @@ impl Vm {
         Ok((Stop::Budget, max_exits))
     }
 
-    /// KVM's dirty log of guest RAM since the last call (read and clear): one bit per 4 KiB page.
+    /// The end of guest RAM in guest-physical space (past the high part where there is one):
+    /// dirty bitmaps cover `0..ram_end() / 4096`, with no bit set in the hole.
+    pub fn ram_end(&self) -> u64 {
+        ram_layout(self.ram_bytes)
+            .last()
+            .map_or(0, |&(start, len)| start + len)
+    }
+
+    /// The guest-physical extents `(first gfn, pages)` of guest RAM that hold data: the memfd's
+    /// data ranges (`SEEK_DATA` / `SEEK_HOLE`), so never-written RAM is neither read nor sent
+    /// (reading it through the mapping would allocate it). Where the file cannot say, all of RAM.
+    pub fn ram_extents(&self) -> Result<Vec<(u64, u64)>> {
+        use nix::errno::Errno;
+        use nix::unistd::{lseek, Whence};
+        const PAGE: u64 = 4096;
+        let mut out = Vec::new();
+        let mut file_at = 0u64;
+        for (start, len) in ram_layout(self.ram_bytes) {
+            let end = file_at + len;
+            let mut pos = file_at;
+            while pos < end {
+                let data = match lseek(&self.ram_file, pos.cast_signed(), Whence::SeekData) {
+                    Ok(d) => d.cast_unsigned(),
+                    Err(Errno::ENXIO) => break,
+                    Err(Errno::EINVAL) => {
+                        // No SEEK_DATA here: the whole range.
+                        out.push(((start + pos - file_at) / PAGE, (end - pos).div_ceil(PAGE)));
+                        break;
+                    }
+                    Err(e) => return Err(Error::Ram(format!("lseek(SEEK_DATA): {e}"))),
+                };
+                if data >= end {
+                    break;
+                }
+                let hole = lseek(&self.ram_file, data.cast_signed(), Whence::SeekHole)
+                    .map_err(|e| Error::Ram(format!("lseek(SEEK_HOLE): {e}")))?
+                    .cast_unsigned();
+                let (a, b) = (data / PAGE * PAGE, hole.min(end).div_ceil(PAGE) * PAGE);
+                out.push(((start + a - file_at) / PAGE, (b - a) / PAGE));
+                pos = b;
+            }
+            file_at = end;
+        }
+        Ok(out)
+    }
+
+    /// KVM's dirty log of guest RAM since the last call (read and clear): one bit per 4 KiB page
+    /// of `0..ram_end()`, each memory slot's log at its place (the hole between stays clear).
     pub fn dirty_log(&self) -> Result<Vec<u64>> {
-        self.vm
-            .get_dirty_log(0, self.ram_bytes as usize)
-            .map_err(kvm("KVM_GET_DIRTY_LOG"))
+        let mut words = vec![0u64; (self.ram_end() / 4096).div_ceil(64) as usize];
+        for (slot, (start, len)) in ram_layout(self.ram_bytes).into_iter().enumerate() {
+            let log = self
+                .vm
+                .get_dirty_log(slot as u32, len as usize)
+                .map_err(kvm("KVM_GET_DIRTY_LOG"))?;
+            // Both parts start on a multiple of 64 pages (256 KiB).
+            let at = (start / 4096 / 64) as usize;
+            for (i, w) in log.into_iter().enumerate() {
+                if let Some(d) = words.get_mut(at + i) {
+                    *d = w;
+                }
+            }
+        }
+        Ok(words)
     }
 
     /// The vCPU's state, for a migration (the vCPU must not be running: the VMM calls this

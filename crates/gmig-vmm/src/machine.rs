@@ -155,7 +155,12 @@ impl Machine {
     /// A VM of `ram_bytes` running the guest program with `cfg`, on the vGPU behind `link`.
     pub fn boot(ram_bytes: u64, cfg: &GuestConfig, link: Box<dyn GpuLink>) -> Result<Machine> {
         let vm = Vm::new(ram_size(ram_bytes)?, crate::guest::IMAGE)?;
-        cfg.write(vm.memory(), ram_bytes, vm.tsc_khz())?;
+        // The guest program is told of low RAM only: RAM above it is migrated, never used.
+        cfg.write(
+            vm.memory(),
+            ram_bytes.min(crate::kvm::LOW_RAM_MAX),
+            vm.tsc_khz(),
+        )?;
         Self::assemble(vm, link, Com1::new(NoIrq, Vec::new()))
     }
 
@@ -265,11 +270,15 @@ impl Machine {
     /// agree on (the telemetry page holds TSC readings and poll counts, which differ).
     pub fn ram_image(&self) -> Result<Vec<u8>> {
         use vm_memory::{Bytes, GuestAddress};
-        let mut out = vec![0u8; ram_size(self.vm.ram_bytes())?];
-        self.vm
-            .memory()
-            .read_slice(&mut out, GuestAddress(0))
-            .map_err(|e| Error::Ram(e.to_string()))?;
+        let mut out = Vec::new();
+        for (start, len) in crate::kvm::ram_layout(self.vm.ram_bytes()) {
+            let at = out.len();
+            out.resize(at + ram_size(len)?, 0);
+            self.vm
+                .memory()
+                .read_slice(&mut out[at..], GuestAddress(start))
+                .map_err(|e| Error::Ram(e.to_string()))?;
+        }
         let t = crate::guest::TELEMETRY as usize;
         out[t..t + 4096].fill(0);
         Ok(out)

@@ -26,14 +26,14 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::gpu::GpuLink;
 use crate::guest::GuestConfig;
-use crate::kvm::{realtime_ns, Stop, VcpuState};
+use crate::kvm::{ram_layout, realtime_ns, Stop, VcpuState};
 use crate::machine::{Machine, SerialSnapshot};
 use crate::switchover::Progress;
 use crate::{Error, Result};
 
 mod copier;
 mod wire;
-use copier::{read_device, send_device, send_pages, Copier, Round};
+use copier::{read_device, send_device, send_pages, Copier, Pages, Round};
 use wire::{read_record, Wire, PAGE};
 pub use wire::{Tag, MAGIC, MAX_RECORD, PAGES_PER_RECORD};
 
@@ -146,8 +146,7 @@ fn dec<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T> {
 /// The dirty pages since the last call: KVM's log, joined (unless `gpu` is off) with the vGPU's.
 /// Returns the joined bitmap and how many pages only the vGPU's log had.
 fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(DirtyBitmap, u64)> {
-    let ram = m.vm().ram_bytes();
-    let pages = ram / PAGE as u64;
+    let pages = m.vm().ram_end() / PAGE as u64;
     let bitmap = |words| {
         DirtyBitmap::from_words(Gfn(0), pages, words)
             .map_err(|e| Error::Stream(format!("dirty bitmap: {e}")))
@@ -155,7 +154,23 @@ fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(DirtyBitmap, u64)> {
     let mut dirty = bitmap(m.vm().dirty_log()?)?;
     let mut gpu_only = 0;
     if gpu {
-        let mut report = bitmap(m.gpu().link().dma_log_report(0, ram)?)?;
+        // The vGPU's log, range by range, each at its place (ranges start on 64-page bounds).
+        let mut words = vec![0u64; pages.div_ceil(64) as usize];
+        for (start, len) in ram_layout(m.vm().ram_bytes()) {
+            let at = (start / PAGE as u64 / 64) as usize;
+            for (i, w) in m
+                .gpu()
+                .link()
+                .dma_log_report(start, len)?
+                .into_iter()
+                .enumerate()
+            {
+                if let Some(d) = words.get_mut(at + i) {
+                    *d = w;
+                }
+            }
+        }
+        let mut report = bitmap(words)?;
         report.subtract(&dirty);
         gpu_only = report.count();
         dirty
@@ -250,7 +265,6 @@ fn send_all<S: Read + Write + Send>(
 ) -> Result<Report> {
     let mut rep = Report::default();
     let ram = m.vm().ram_bytes();
-    let pages = ram / PAGE as u64;
     conn.write_all(MAGIC)?;
     let mut w = Wire {
         s: conn,
@@ -267,10 +281,11 @@ fn send_all<S: Read + Write + Send>(
     )?;
     // Start both logs, then the first full pass.
     m.vm().dirty_log()?;
-    m.gpu().link().dma_log_start(&[IovaRange {
-        iova: 0,
-        length: ram,
-    }])?;
+    let ranges: Vec<IovaRange> = ram_layout(ram)
+        .into_iter()
+        .map(|(iova, length)| IovaRange { iova, length })
+        .collect();
+    m.gpu().link().dma_log_start(&ranges)?;
     m.gpu().link().set_state(DeviceState::PreCopy)?;
     // The guest runs between rounds while the copier writes the last one (at most one in
     // flight; while it is busy the guest just runs on); a round at or below `converge_pages`, or
@@ -282,12 +297,15 @@ fn send_all<S: Read + Write + Send>(
     let mut at_point = reached(m);
     let mem = m.vm().memory().clone();
     let (mut w, paused, paused_at_ns) = std::thread::scope(|scope| {
-        let mut copier = Copier::start(scope, w, mem, pages);
+        let mut copier = Copier::start(scope, w, mem);
+        // After the logs started: a page written from here on is logged, whether or not the
+        // extents list it.
+        let extents = m.vm().ram_extents()?;
         let device = read_device(m.gpu().link())?;
         // A copier that stopped on a write error says which at `finish`, after the pause.
         let mut alive = copier
             .push(Round {
-                dirty: None,
+                pages: Pages::Extents(extents),
                 device,
             })
             .is_ok();
@@ -320,7 +338,7 @@ fn send_all<S: Read + Write + Send>(
             let device = read_device(m.gpu().link())?;
             alive = copier
                 .push(Round {
-                    dirty: Some(dirty),
+                    pages: Pages::Dirty(dirty),
                     device,
                 })
                 .is_ok();
@@ -359,7 +377,7 @@ fn send_all<S: Read + Write + Send>(
     let t = Instant::now();
     let (dirty, gpu_only) = collect_dirty(m, opts.gpu_dirty)?;
     let mem = m.vm().memory().clone();
-    rep.final_pages = send_pages(&mut w, &mem, pages, Some(&dirty))?;
+    rep.final_pages = send_pages(&mut w, &mem, &Pages::Dirty(dirty))?;
     rep.final_gpu_only_pages = gpu_only;
     rep.ram_ms = ms(t);
     let t = Instant::now();
@@ -534,7 +552,7 @@ fn receive<S: Read + Write>(
     };
     let mut m = Machine::incoming(hello.ram_bytes, link)?;
     m.gpu().link().set_state(DeviceState::Resuming)?;
-    let pages = hello.ram_bytes / PAGE as u64;
+    let pages = m.vm().ram_end() / PAGE as u64;
     let (mut config, mut serial, mut vcpu) = (None, None, None);
     loop {
         let (tag, p) = read_record(conn)?;

@@ -23,26 +23,35 @@ fn is_zero(page: &[u8]) -> bool {
         .all(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) == 0)
 }
 
-/// Sends the pages whose bits are set in `bitmap` (`None`: every page, zero pages skipped).
+/// Which pages a round sends.
+pub(super) enum Pages {
+    /// The first full pass: the guest-physical extents `(first gfn, pages)` that hold data (the
+    /// rest of guest RAM was never written and reads as zero); zero pages in them are skipped.
+    Extents(Vec<(u64, u64)>),
+    /// The pages set in a dirty bitmap, zero pages included (the destination zeroes them).
+    Dirty(DirtyBitmap),
+}
+
+/// Sends `which` pages of `mem`.
 pub(super) fn send_pages<S: Write>(
     w: &mut Wire<'_, S>,
     mem: &GuestMemoryMmap,
-    pages: u64,
-    bitmap: Option<&DirtyBitmap>,
+    which: &Pages,
 ) -> Result<u64> {
     let mut rec = Vec::with_capacity(PAGES_PER_RECORD * (PAGE + 9));
     let mut in_rec = 0;
     let mut sent = 0;
     let mut page = vec![0u8; PAGE];
-    let listed: Box<dyn Iterator<Item = u64>> = match bitmap {
-        None => Box::new(0..pages),
-        Some(b) => Box::new(b.iter().map(|g| g.0)),
+    let full = matches!(which, Pages::Extents(_));
+    let listed: Box<dyn Iterator<Item = u64> + '_> = match which {
+        Pages::Extents(e) => Box::new(e.iter().flat_map(|&(first, n)| first..first + n)),
+        Pages::Dirty(b) => Box::new(b.iter().map(|g| g.0)),
     };
     for gfn in listed {
         mem.read_slice(&mut page, GuestAddress(gfn * PAGE as u64))
             .map_err(|e| Error::Ram(e.to_string()))?;
         let zero = is_zero(&page);
-        if zero && bitmap.is_none() {
+        if zero && full {
             continue;
         }
         rec.extend_from_slice(&gfn.to_le_bytes());
@@ -94,8 +103,8 @@ pub(super) fn read_device(gpu: &mut dyn GpuLink) -> Result<Vec<Vec<u8>>> {
 /// One pre-copy round for the copier: pages (every non-zero page, or the dirty ones) and the
 /// vGPU's pre-copy data read with them.
 pub(super) struct Round {
-    /// `None`: the first full pass.
-    pub(super) dirty: Option<DirtyBitmap>,
+    /// The pages.
+    pub(super) pages: Pages,
     /// The vGPU's pre-copy data.
     pub(super) device: Vec<Vec<u8>>,
 }
@@ -119,12 +128,11 @@ pub(super) struct Copier<'scope, 'w, S: Write + Send> {
 }
 
 impl<'scope, 'w: 'scope, S: Write + Send> Copier<'scope, 'w, S> {
-    /// Starts the copier on `wire`, reading pages from `mem` (`pages` of them).
+    /// Starts the copier on `wire`, reading pages from `mem`.
     pub(super) fn start<'env>(
         scope: &'scope Scope<'scope, 'env>,
         mut wire: Wire<'w, S>,
         mem: GuestMemoryMmap,
-        pages: u64,
     ) -> Self
     where
         'w: 'env,
@@ -133,7 +141,7 @@ impl<'scope, 'w: 'scope, S: Write + Send> Copier<'scope, 'w, S> {
         let (done_tx, done) = channel::<Sent>();
         let thread = scope.spawn(move || {
             let mut write = |r: Round| -> Result<Sent> {
-                let pages = send_pages(&mut wire, &mem, pages, r.dirty.as_ref())?;
+                let pages = send_pages(&mut wire, &mem, &r.pages)?;
                 let mut device_bytes = 0;
                 for chunk in &r.device {
                     device_bytes += chunk.len() as u64;
