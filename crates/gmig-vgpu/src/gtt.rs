@@ -736,10 +736,9 @@ mod tests {
                 .unwrap();
         }
         mem.write_obj(0x2001u64, GuestAddress(0x1000)).unwrap();
-        let t = std::time::Instant::now();
+        // (A walk that followed every path would not end: 512^4 of them.)
         let mut set = BTreeSet::new();
         ppgtt_frames(&mem, 0x1000, &mut set);
-        assert!(t.elapsed() < std::time::Duration::from_secs(2));
         assert_eq!(
             set.into_iter().map(|g| g.0).collect::<Vec<_>>(),
             vec![1, 2, 3, 4, 9]
