@@ -364,6 +364,14 @@ pub struct BenchCommonArgs {
     /// in cache, which flatters hashing); by default every page is backed before migrating.
     #[arg(long)]
     pub untouched_memory: bool,
+    /// Run the source on these CPUs (e.g. `0-7`; with `--dest-cpus`, disjoint from it): its
+    /// migration thread, hashing pool and stop-copy pipeline, as on a host of its own. The
+    /// default hashing threads become one per source CPU less the sender's.
+    #[arg(long, requires = "dest_cpus")]
+    pub source_cpus: Option<String>,
+    /// Run the destination on these CPUs (e.g. `8-15`); see `--source-cpus`.
+    #[arg(long, requires = "source_cpus")]
+    pub dest_cpus: Option<String>,
     /// Write JSON, Markdown and SVG plots into this directory.
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -26,6 +26,13 @@
 //! its last byte. The engine's switch-over acknowledgement (on by default) makes the source wait,
 //! the guest still running, until the destination has applied it all; turned off, the downtime
 //! absorbs that backlog. (Before the engine had it, `sync_precopy` emulated it here.)
+//!
+//! **Pinning (`pinning`).** Both ends run in this process. With a [`Pinning`] the source's
+//! thread and the destination's thread bind themselves (and so the pools and threads they start)
+//! to two disjoint sets of cores, as two hosts would have; the loopback probe's reader runs on
+//! the destination's cores too. Each repetition reads the affinity back ([`Affinity`]).
+
+pub mod pin;
 
 use std::net::SocketAddr;
 use std::thread;
@@ -42,6 +49,7 @@ use gmig_core::transport::{Connection, Endpoint, Throttled, TransportError};
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType, PAGE_SIZE};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
+pub use pin::{Affinity, CpuList, Pinning};
 
 /// Errors of a benchmark run.
 #[derive(Debug, thiserror::Error)]
@@ -97,8 +105,11 @@ pub struct BenchCase {
     pub workload: WorkloadConfig,
     /// Threads hashing (and probing memory bandwidth); 0 means one per core less the two cores
     /// left to the source's sender and the destination's applier, which share this machine
-    /// ([`hash_threads_leaving`](gmig_core::migration::hash_threads_leaving)`(2)`).
+    /// ([`hash_threads_leaving`](gmig_core::migration::hash_threads_leaving)`(2)`), or with
+    /// `pinning`, [`Pinning::hash_threads`] (the source's cores less its sender's).
     pub hash_threads: usize,
+    /// Source and destination on disjoint cores (`None`: wherever the scheduler puts them).
+    pub pinning: Option<Pinning>,
     /// The guest runs one frame after every this many pre-copy batches.
     pub step_every_batches: u64,
     /// Shifts those frames by this many batches (`MigrationConfig::step_phase`); the matrix
@@ -144,6 +155,7 @@ impl BenchCase {
                 ..WorkloadConfig::default()
             },
             hash_threads: 0,
+            pinning: None,
             step_every_batches: 8,
             step_phase: 0,
             ram_bytes: None,
@@ -186,6 +198,9 @@ pub struct BenchSample {
     /// Guest frames the vGPU's GTTs map when the migration starts (counted before it, not in
     /// downtime): the GPU's working set, against which zero pages and stop-copy pages can be read.
     pub gtt_backed_pages: u64,
+    /// With a pinning: the CPUs the source's and the destination's threads were bound to, read
+    /// back from the kernel in each.
+    pub affinity: Option<Affinity>,
 }
 
 /// The lower bound on downtime for `stop_copy_bytes` over a link of `link_gbps` (unlimited when
@@ -265,8 +280,9 @@ pub fn read_bandwidth_gbps(vm: &VgpuVm, threads: usize, passes: usize) -> Result
 }
 
 /// Best-of-`passes` throughput of unpaced loopback TCP, Gbit/s: `bytes` written in 1 MiB
-/// pieces on a fresh connection, timed from the first write until the reader has them all.
-pub fn loopback_gbps(bytes: usize, passes: usize) -> Result<f64> {
+/// pieces on a fresh connection, timed from the first write until the reader has them all. The
+/// reader runs on `reader_cpus` when given (the destination's cores of a pinned run).
+pub fn loopback_gbps(bytes: usize, passes: usize, reader_cpus: Option<CpuList>) -> Result<f64> {
     use std::io::{Read, Write};
     let probe = |e: &dyn std::fmt::Display| BenchError::Probe(e.to_string());
     let (mut a, mut b) = loopback_pair()?;
@@ -275,6 +291,9 @@ pub fn loopback_gbps(bytes: usize, passes: usize) -> Result<f64> {
     let mut best = Duration::MAX;
     for _ in 0..passes.max(1) {
         let reader = thread::spawn(move || -> std::io::Result<_> {
+            if let Some(cpus) = reader_cpus {
+                cpus.pin_current_thread()?;
+            }
             let mut buf = vec![0u8; piece];
             let mut got = 0;
             while got < total {
@@ -330,9 +349,10 @@ pub fn frame_phase(rep: usize, reps: usize, every: u64) -> u64 {
 /// The engine configuration a case runs with.
 pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     let mut cfg = MigrationConfig::new(case.policy);
-    cfg.hash_threads = match case.hash_threads {
-        0 => gmig_core::migration::hash_threads_leaving(2),
-        n => n,
+    cfg.hash_threads = match (case.hash_threads, case.pinning) {
+        (0, Some(p)) => p.hash_threads(),
+        (0, None) => gmig_core::migration::hash_threads_leaving(2),
+        (n, _) => n,
     };
     cfg.step_every_batches = case.step_every_batches;
     cfg.step_phase = case.step_phase;
@@ -345,13 +365,43 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     cfg
 }
 
+/// Gives the calling thread its affinity back when dropped.
+struct RestoreAffinity(CpuList);
+
+impl Drop for RestoreAffinity {
+    fn drop(&mut self) {
+        // Best effort: the set was this thread's own a moment ago.
+        let _ = self.0.pin_current_thread();
+    }
+}
+
+fn pin_err(side: &str, cpus: CpuList, e: nix::Error) -> BenchError {
+    BenchError::Config(format!("pinning the {side} to CPUs {cpus}: {e}"))
+}
+
+/// Binds the calling thread to `cpus` and reads its affinity back.
+fn pin_here(side: &str, cpus: CpuList) -> Result<CpuList> {
+    cpus.pin_current_thread()
+        .and_then(|()| CpuList::of_current_thread())
+        .map_err(|e| pin_err(side, cpus, e))
+}
+
 /// Run one repetition of `case`: boot, warm up, probe the read bandwidth, migrate over loopback
-/// TCP (paced on the source's side when a link speed is set), and compute the bound.
+/// TCP (paced on the source's side when a link speed is set), and compute the bound. With a
+/// pinning, the calling thread runs the source on the source's CPUs (its own affinity comes back
+/// when the repetition ends) and the destination's thread runs on the destination's.
 pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     if let Some(g) = case.link_gbps {
         if !(g.is_finite() && g > 0.0) {
             return Err(BenchError::Config(format!("link speed {g} Gbit/s")));
         }
+    }
+    let mut _restore = None;
+    let mut source_affinity = None;
+    if let Some(p) = case.pinning {
+        let before = CpuList::of_current_thread().map_err(|e| pin_err("source", p.source, e))?;
+        _restore = Some(RestoreAffinity(before));
+        source_affinity = Some(pin_here("source", p.source)?);
     }
     let t_setup = Instant::now();
     let (s, d) = host_slices(case.ty)?;
@@ -365,7 +415,7 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     let read_gbps = read_bandwidth_gbps(&vm, cfg.hash_threads, 2)?;
     let loopback_gbps = match case.link_gbps {
         Some(_) => 0.0,
-        None => loopback_gbps(32 << 20, 2)?,
+        None => loopback_gbps(32 << 20, 2, case.pinning.map(|p| p.dest))?,
     };
     let gtt_backed_pages = vm.vgpu().gtt_backed_pages().len() as u64;
     let setup_ms = t_setup.elapsed().as_secs_f64() * 1e3;
@@ -376,13 +426,20 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     // The destination thread hands the migrated VM back instead of dropping it: unmapping its
     // guest memory while the source still waits for RESUMED would hold this process's address
     // space lock (both ends share it here, not on two hosts) and land in the measured downtime.
-    let dest = thread::spawn(move || migrate_destination(factory, b, &dcfg));
+    let pinning = case.pinning;
+    let dest = thread::spawn(move || {
+        let affinity = match pinning {
+            Some(p) => Some(pin_here("destination", p.dest)?),
+            None => None,
+        };
+        Ok::<_, BenchError>((migrate_destination(factory, b, &dcfg), affinity))
+    });
     let mut handle = source_handle(vm, &cfg)?;
     let report = match case.link_gbps {
         Some(g) => migrate_source(&mut handle, Throttled::new(a, g)?, &cfg, &mut |_| {}),
         None => migrate_source(&mut handle, a, &cfg, &mut |_| {}),
     };
-    let dest = dest.join().map_err(|_| BenchError::DestinationPanicked)?;
+    let (dest, dest_affinity) = dest.join().map_err(|_| BenchError::DestinationPanicked)??;
     let report = report?;
     let (moved, dest) = dest?;
     drop(moved);
@@ -403,6 +460,9 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         setup_ms,
         dest: dest.phases,
         gtt_backed_pages,
+        affinity: source_affinity
+            .zip(dest_affinity)
+            .map(|(source, dest)| Affinity { source, dest }),
     })
 }
 
@@ -527,8 +587,44 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_case_runs_each_side_on_its_own_cpus() {
+        let all = CpuList::of_current_thread().unwrap().cpus();
+        assert!(all.len() >= 2, "this test needs two CPUs, has {all:?}");
+        let (s, d) = all.split_at(all.len() / 2);
+        let p = Pinning::new(
+            CpuList::of(s.iter().copied()).unwrap(),
+            CpuList::of(d.iter().copied()).unwrap(),
+        )
+        .unwrap();
+        // Unlimited: the loopback probe's reader is pinned too.
+        let mut case = BenchCase::new(Profile::Desktop, VgpuType::V5_8, Policy::OneShot, None);
+        case.workload = WorkloadConfig::small();
+        case.ram_bytes = Some(32 << 20);
+        case.warmup_steps = 2;
+        case.pinning = Some(p);
+        assert_eq!(migration_config(&case).hash_threads, p.hash_threads());
+        let before = CpuList::of_current_thread().unwrap();
+        let sample = run_case(&case).unwrap();
+        assert_eq!(
+            sample.affinity,
+            Some(Affinity {
+                source: p.source,
+                dest: p.dest
+            })
+        );
+        assert!(sample.report.downtime_ms > 0.0);
+        assert_eq!(
+            CpuList::of_current_thread().unwrap(),
+            before,
+            "the caller's affinity comes back"
+        );
+        case.pinning = None;
+        assert_eq!(run_case(&case).unwrap().affinity, None);
+    }
+
+    #[test]
     fn the_loopback_probe_measures_a_rate() {
-        let g = loopback_gbps(4 << 20, 2).unwrap();
+        let g = loopback_gbps(4 << 20, 2, None).unwrap();
         assert!(g.is_finite() && g > 0.0, "{g}");
     }
 

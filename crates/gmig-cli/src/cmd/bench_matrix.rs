@@ -7,7 +7,9 @@ use gmig_vgpu::migratable::{parse_vgpu_type, type_id};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{frame_phase, migration_config, run_case, BenchCase, BenchSample, Summary};
+use crate::bench::{
+    frame_phase, migration_config, run_case, BenchCase, BenchSample, CpuList, Pinning, Summary,
+};
 use crate::cli::BenchCommonArgs;
 use crate::cmd::migrate::profile_of;
 
@@ -66,6 +68,19 @@ fn parse_resolution(s: &str) -> anyhow::Result<(u32, u32)> {
     Ok((w, h))
 }
 
+/// The pinning `--source-cpus` and `--dest-cpus` ask for.
+fn pinning_of(c: &BenchCommonArgs) -> anyhow::Result<Option<Pinning>> {
+    match (&c.source_cpus, &c.dest_cpus) {
+        (Some(s), Some(d)) => {
+            let source = CpuList::parse(s).map_err(|e| anyhow!("--source-cpus: {e}"))?;
+            let dest = CpuList::parse(d).map_err(|e| anyhow!("--dest-cpus: {e}"))?;
+            Ok(Some(Pinning::new(source, dest).map_err(|e| anyhow!(e))?))
+        }
+        (None, None) => Ok(None),
+        _ => bail!("--source-cpus and --dest-cpus go together"),
+    }
+}
+
 /// The matrix a run covers.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Matrix {
@@ -87,6 +102,8 @@ pub(crate) struct Matrix {
     /// Queued workloads the stop lets finish (`None`: the engine's default).
     pub(crate) max_drain: Option<usize>,
     pub(crate) touch_memory: bool,
+    /// Source and destination on disjoint CPUs (`--source-cpus`, `--dest-cpus`).
+    pub(crate) pinning: Option<Pinning>,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
     pub(crate) extra: Vec<(Profile, VgpuType, Policy, Option<f64>)>,
@@ -136,11 +153,14 @@ impl Matrix {
         if c.ram_mib == Some(0) {
             bail!("--ram-mib must be at least 1");
         }
+        let pinning = pinning_of(c)?;
         // Source and destination share this machine: the default leaves a core to each one's
-        // stop-copy thread (the sender and the applier).
-        let threads = c
-            .threads
-            .unwrap_or_else(|| gmig_core::migration::hash_threads_leaving(2));
+        // stop-copy thread (the sender and the applier); pinned, the source's cores less its
+        // sender's.
+        let threads = c.threads.unwrap_or_else(|| match pinning {
+            Some(p) => p.hash_threads(),
+            None => gmig_core::migration::hash_threads_leaving(2),
+        });
         Ok(Matrix {
             profiles,
             types: vgpu_types.iter().map(|t| type_name(*t)).collect(),
@@ -157,6 +177,7 @@ impl Matrix {
             verify_before_stop: !c.no_verify_before_stop,
             max_drain: c.max_drain,
             touch_memory: !c.untouched_memory,
+            pinning,
             extra: Vec::new(),
         })
     }
@@ -195,6 +216,7 @@ impl Matrix {
         c.verify_before_stop = self.verify_before_stop;
         c.max_drain = self.max_drain;
         c.touch_memory = self.touch_memory;
+        c.pinning = self.pinning;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
         }
@@ -456,6 +478,52 @@ mod tests {
         assert!(parse_link("0").is_err());
         assert!(parse_link("fast").is_err());
         assert!(parse_link("-1").is_err());
+    }
+
+    fn migrate_matrix(args: &[&str]) -> anyhow::Result<Matrix> {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from(
+            ["gmig", "bench", "migrate"].iter().chain(args).copied(),
+        )?;
+        let crate::cli::Command::Bench(b) = cli.command else {
+            bail!("not a bench command");
+        };
+        let crate::cli::BenchWhat::Migrate(m) = b.what else {
+            bail!("not bench migrate");
+        };
+        Matrix::from_common(
+            &m.common,
+            vec![Policy::OneShot],
+            vec![Profile::Desktop],
+            vec![VgpuType::V5_8],
+            vec![None],
+            1,
+        )
+    }
+
+    #[test]
+    fn source_and_destination_cpus_parse_into_the_cases() {
+        let m = migrate_matrix(&["--source-cpus", "0-7", "--dest-cpus", "8-15"]).unwrap();
+        let p = m.pinning.unwrap();
+        assert_eq!(p.source.cpus(), (0..8).collect::<Vec<_>>());
+        assert_eq!(p.dest.cpus(), (8..16).collect::<Vec<_>>());
+        assert_eq!(m.threads, 7, "the source's CPUs less its sender's");
+        let case = m.case(Profile::Desktop, VgpuType::V5_8, Policy::OneShot, None);
+        assert_eq!(case.pinning, Some(p));
+        let json = serde_json::to_value(&m).unwrap();
+        assert_eq!(json["pinning"]["source"], "0-7");
+        assert_eq!(json["pinning"]["dest"], "8-15");
+        let m = migrate_matrix(&["--source-cpus", "0,1", "--dest-cpus", "2", "--threads", "3"]);
+        assert_eq!(m.unwrap().threads, 3, "--threads still wins");
+        assert!(migrate_matrix(&[]).unwrap().pinning.is_none());
+        for bad in [
+            &["--source-cpus", "0-3"][..],
+            &["--dest-cpus", "4-7"],
+            &["--source-cpus", "0-4", "--dest-cpus", "4-7"],
+            &["--source-cpus", "x", "--dest-cpus", "4-7"],
+        ] {
+            assert!(migrate_matrix(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
