@@ -5,31 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::addr::{AddressSpace, MAX_SURFACE_BYTES};
 use crate::writeset::{AddressRange, Reach, WriteSet};
 
-/// Shader stages with a binding table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Stage {
-    /// Vertex shader.
-    Vs,
-    /// Hull shader.
-    Hs,
-    /// Domain shader.
-    Ds,
-    /// Geometry shader.
-    Gs,
-    /// Pixel shader.
-    Ps,
-    /// A GPGPU / media kernel (interface descriptor).
-    Compute,
-}
-
-impl Stage {
-    pub(super) const GRAPHICS: [Stage; 5] = [Stage::Vs, Stage::Hs, Stage::Ds, Stage::Gs, Stage::Ps];
-
-    pub(super) fn index(self) -> usize {
-        self as usize
-    }
-}
+pub use super::stage::Stage;
 
 /// What a surface is to the work that uses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -43,6 +43,7 @@ mod footprint;
 mod footprints;
 mod observe;
 mod roles;
+mod stage;
 mod state;
 mod surfaces;
 

@@ -1,8 +1,8 @@
 //! What each command is to the indirect state: state it records, work it derives a footprint
 //! for, or neither.
 
-use super::footprint::Stage;
-use crate::table::Flags;
+use super::stage::Stage;
+use crate::desc::Flags;
 
 /// What [`IndirectState::observe`] records from a state command.
 ///
@@ -120,7 +120,7 @@ pub(super) fn role_of_name(name: &str) -> Role {
 }
 
 /// The role of a row: that of its name, and [`Role::Inert`] for a plain row that is [`inert`].
-pub(super) fn role_of_row(desc: &crate::table::CommandDesc) -> Role {
+pub(super) fn role_of_row(desc: &crate::desc::CommandDesc) -> Role {
     match role_of_name(desc.name) {
         Role::Plain if inert(desc) => Role::Inert,
         r => r,
@@ -129,13 +129,13 @@ pub(super) fn role_of_row(desc: &crate::table::CommandDesc) -> Role {
 
 /// The role of a table row, computed once per row (commands are stepped by the million).
 #[inline]
-pub(super) fn role(desc: &'static crate::table::CommandDesc) -> Role {
+pub(super) fn role(desc: &'static crate::desc::CommandDesc) -> Role {
     static ROLES: std::sync::OnceLock<Vec<Role>> = std::sync::OnceLock::new();
-    let all = crate::table::all_commands();
+    let all = crate::rows::COMMANDS;
     let roles = ROLES.get_or_init(|| all.iter().map(role_of_row).collect());
-    let index = (desc as *const crate::table::CommandDesc as usize)
+    let index = (desc as *const crate::desc::CommandDesc as usize)
         .wrapping_sub(all.as_ptr() as usize)
-        / std::mem::size_of::<crate::table::CommandDesc>().max(1);
+        / std::mem::size_of::<crate::desc::CommandDesc>().max(1);
     match (all.get(index), roles.get(index)) {
         (Some(row), Some(r)) if std::ptr::eq(row, desc) => *r,
         // A row from elsewhere (never, with the crate's tables): decide by name.
@@ -148,8 +148,8 @@ pub(super) fn role(desc: &'static crate::table::CommandDesc) -> Role {
 /// a plain row outside the video classes, or media pipe state that writes nothing.
 ///
 /// [`IndirectState::advance`]: super::IndirectState::advance
-pub(crate) fn records_nothing(desc: &crate::table::CommandDesc) -> bool {
-    use crate::table::Class;
+pub(crate) fn records_nothing(desc: &crate::desc::CommandDesc) -> bool {
+    use crate::desc::Class;
     match role_of_row(desc) {
         Role::Inert | Role::Named(Obs::MediaWritesNothing) => true,
         Role::Plain => !matches!(desc.class, Class::Mfx | Class::Vebox),
@@ -184,8 +184,8 @@ pub(super) const MFX_STATE_WITHOUT_BUFFERS: &[&str] = &[
 ///
 /// [`IndirectState::observe_plain`]: super::IndirectState::observe_plain
 #[inline]
-pub(super) fn inert(desc: &crate::table::CommandDesc) -> bool {
-    use crate::table::Class;
+pub(super) fn inert(desc: &crate::desc::CommandDesc) -> bool {
+    use crate::desc::Class;
     let f = desc.flags;
     !matches!(desc.class, Class::Mfx | Class::Vebox)
         && !desc.addrs.iter().any(|a| a.access.writes())
