@@ -130,6 +130,8 @@ pub struct Report {
     /// After the pause, waiting for the pre-copy round still being written, ms (part of the
     /// downtime).
     pub drain_ms: f64,
+    /// Of `ram_ms`: reading and joining KVM's and the vGPU's dirty logs.
+    pub dirty_log_ms: f64,
     /// Guest exits in the pre-copy stretches that began while a round was being written: the
     /// guest ran while its RAM was copied (0 without [`Options::overlap`]).
     pub exits_while_copying: u64,
@@ -376,6 +378,7 @@ fn send_all<S: Read + Write + Send>(
     let stop_ms = ms(t);
     let t = Instant::now();
     let (dirty, gpu_only) = collect_dirty(m, opts.gpu_dirty)?;
+    rep.dirty_log_ms = ms(t);
     let mem = m.vm().memory().clone();
     rep.final_pages = send_pages(&mut w, &mem, &Pages::Dirty(dirty))?;
     rep.final_gpu_only_pages = gpu_only;

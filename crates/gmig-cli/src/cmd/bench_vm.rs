@@ -41,6 +41,8 @@ pub struct VmRow {
     pub dest_downtime_ms: f64,
     /// Downtime phases: the last dirty-log reads and RAM pages,
     pub ram_ms: f64,
+    /// (of which reading and joining the two dirty logs)
+    pub dirty_log_ms: f64,
     /// the vGPU's stop (its drain) and stop-copy data,
     pub vgpu_ms: f64,
     /// the vCPU, COM1 and configuration space,
@@ -92,6 +94,7 @@ fn row_of(
         downtime_samples_ms: samples,
         dest_downtime_ms: median(&f(|r| r.dest_downtime_ms)),
         ram_ms: median(&f(|r| r.ram_ms)),
+        dirty_log_ms: median(&f(|r| r.dirty_log_ms)),
         vgpu_ms: median(&f(|r| r.vgpu_ms)),
         vcpu_ms: median(&f(|r| r.vcpu_ms)),
         transfer_ms: median(&f(|r| r.transfer_ms)),
