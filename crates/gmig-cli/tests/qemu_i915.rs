@@ -18,7 +18,9 @@
 //! - Migration: the same program, live-migrated by QEMU (with `integrations/qemu/patches`) after
 //!   frame 100 to a destination whose vGPU sits in another host slot (i915's GGTT addresses are
 //!   remapped); every frame before and after the switch-over is checked, and no frame waits on
-//!   i915's timers for a lost interrupt.
+//!   i915's timers for a lost interrupt. Its negative control migrates to a destination that does
+//!   not remap (`gmig serve --x-no-remap`): its server faults i915's rings, and the program's
+//!   wait for the frame in flight times out.
 //!
 //! The tests run one at a time (a lock).
 //!
@@ -30,8 +32,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use gmig_test_support::qemu::pair::{qmp_return, Pair};
 use gmig_test_support::qemu::{qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec};
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
+use serde_json::Value;
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
@@ -458,17 +462,7 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
     assert!(has("GMIG-I915: gt idle after"), "the GT did not park after");
 
     // Every frame's checksum and each run's equal those computed here.
-    let frames: std::collections::BTreeMap<u32, (String, u64)> = lines
-        .iter()
-        .filter_map(|l| l.strip_prefix("GMIG-BLIT: frame "))
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            match f[..] {
-                [n, "fnv", h, "ns", t] => Some((n.parse().ok()?, (h.to_string(), t.parse().ok()?))),
-                _ => None,
-            }
-        })
-        .collect();
+    let frames = blit_frames(&console);
     let mut alone_ms = 0.0;
     let mut times = Vec::new();
     for (i, &(first, n)) in std::iter::once(&ALONE).chain(&TOGETHER).enumerate() {
@@ -535,7 +529,54 @@ const MIGRATED_FRAMES: u32 = 1500;
 const MIGRATE_AFTER: u32 = 100;
 
 /// `frame N fnv H ns T` lines: frame number to (checksum, nanoseconds).
-fn blit_frames(console: &str) -> std::collections::BTreeMap<u32, (String, u64)> {
+type Frames = std::collections::BTreeMap<u32, (String, u64)>;
+
+/// The frames the source printed and those the destination printed (`console`: only what the
+/// guest printed after the switch-over), after checking that the source stopped before the end,
+/// that the two together hold every frame from 0 to the last one printed, once, and that each
+/// equals this file's computation.
+fn migrated_frames(p: &Pair, console: &str, q: &Value) -> (Frames, Frames) {
+    let logs = p.logs();
+    let before = blit_frames(&p.src.console());
+    let after = blit_frames(console);
+    let last_src = *before.keys().last().expect("the source rendered no frame");
+    eprintln!(
+        "i915 migration: source frames 0..={last_src}, destination {:?}..={:?}; downtime {} ms, \
+         total {} ms, vfio {} bytes",
+        after.keys().next(),
+        after.keys().last(),
+        q["downtime"],
+        q["total-time"],
+        q["vfio"]["transferred"]
+    );
+    assert!(
+        last_src + 1 < MIGRATED_FRAMES,
+        "the guest finished on the source:\n{logs}"
+    );
+    if let Some(first_dst) = after.keys().next() {
+        assert!(
+            *first_dst <= last_src + 1,
+            "frames missing between {last_src} and {first_dst}"
+        );
+    }
+    let mut all = before.clone();
+    all.extend(after.clone());
+    let last = *all.keys().last().unwrap();
+    for f in 0..=last {
+        let (got, _) = all
+            .get(&f)
+            .unwrap_or_else(|| panic!("no line for frame {f}:\n{logs}"));
+        assert_eq!(
+            got,
+            &format!("{:016x}", scene::frame_checksum(f)),
+            "frame {f}"
+        );
+    }
+    (before, after)
+}
+
+/// The frames of `console`'s `frame` lines.
+fn blit_frames(console: &str) -> Frames {
     console
         .lines()
         .filter_map(|l| l.trim_end_matches('\r').strip_prefix("GMIG-BLIT: frame "))
@@ -549,15 +590,13 @@ fn blit_frames(console: &str) -> std::collections::BTreeMap<u32, (String, u64)> 
         .collect()
 }
 
-#[test]
-fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
-    use gmig_test_support::qemu::pair::{qmp_return, Pair};
-    let _one = serial();
-    let dir = tempfile::tempdir().unwrap();
+/// Starts a source VM rendering [`MIGRATED_FRAMES`] frames and a destination whose `gmig serve`
+/// (`dst_args` added) sits in host slot 1, live-migrates after frame [`MIGRATE_AFTER`] and checks
+/// that QEMU completed it with device state moved and the source paused; the pair and
+/// `query-migrate`'s answer, or `None` (said loudly) where QEMU's source is not here.
+fn migrate_rendering_vm(dir: &Path, tag: &str, dst_args: &[&str]) -> Option<(Pair, Value)> {
     let run = format!("#!/bin/sh\nexec /bin/gmig-i915-blit {MIGRATED_FRAMES} 0\n");
-    let Some(tools) = blit_tools(dir.path(), &run) else {
-        return;
-    };
+    let tools = blit_tools(dir, &run)?;
     let help = Command::new(&tools.qemu)
         .args(["-device", "vfio-user-pci,help"])
         .output()
@@ -572,10 +611,10 @@ fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
     let mut p = Pair::start(
         gmig(),
         &tools,
-        dir.path(),
-        "i915",
+        dir,
+        tag,
         &[],
-        &[],
+        dst_args,
         |socket, mut extra| VmSpec {
             gpus: vec![socket.to_path_buf()],
             run: Some("/bin/i915-probe,300,after=/bin/run-blit".into()),
@@ -603,43 +642,26 @@ fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
     );
     let src_state = qmp_return(&mut p.src, r#"{"execute":"query-status"}"#);
     assert_eq!(src_state["status"], "postmigrate", "{src_state}");
+    Some((p, q))
+}
+
+#[test]
+fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut p, q)) = migrate_rendering_vm(dir.path(), "i915", &[]) else {
+        return;
+    };
     let console = p.finish();
     let logs = p.logs();
 
-    // The source printed frames 0..=L, the destination (its console holds only what the guest
-    // printed after the switch-over) L+1.. to the end: every frame once, each as computed here.
-    let before = blit_frames(&p.src.console());
-    let after = blit_frames(&console);
-    let last_src = *before.keys().last().expect("the source rendered no frame");
-    let first_dst = *after
-        .keys()
-        .next()
-        .unwrap_or_else(|| panic!("the destination rendered no frame:\n{logs}"));
-    eprintln!(
-        "i915 migration: source frames 0..={last_src}, destination {first_dst}..={}; downtime {} \
-         ms, total {} ms, vfio {} bytes",
-        after.keys().last().unwrap(),
-        q["downtime"],
-        q["total-time"],
-        q["vfio"]["transferred"]
+    let (before, after) = migrated_frames(&p, &console, &q);
+    assert_eq!(
+        after.keys().last().copied(),
+        Some(MIGRATED_FRAMES - 1),
+        "the destination did not render to the end:\n{logs}"
     );
-    assert!(
-        last_src + 1 < MIGRATED_FRAMES,
-        "the guest finished on the source:\n{logs}"
-    );
-    assert!(
-        first_dst <= last_src + 1,
-        "frames missing between {last_src} and {first_dst}"
-    );
-    let mut all = before.clone();
-    all.extend(after.clone());
     let want: Vec<u64> = (0..MIGRATED_FRAMES).map(scene::frame_checksum).collect();
-    for (f, w) in (0..).zip(&want) {
-        let (got, _) = all
-            .get(&f)
-            .unwrap_or_else(|| panic!("no line for frame {f}:\n{logs}"));
-        assert_eq!(got, &format!("{w:016x}"), "frame {f}");
-    }
     let run_sum = format!("{:016x}", scene::run_checksum(want));
     let done = format!(
         "GMIG-BLIT: done first 0 frames {MIGRATED_FRAMES} checksum {run_sum} cpu {run_sum} ms "
@@ -680,5 +702,63 @@ fn linux_i915_renders_on_across_a_live_migration_to_other_slices() {
         "frame {} waited {} ms (lost interrupts?)",
         slowest.1,
         slowest.0 / 1_000_000
+    );
+}
+
+/// The negative control of the test above: the same migration to a destination whose server does
+/// not rebase the guest's GGTT addresses into its slot (`gmig serve --x-no-remap`). i915's rings,
+/// context images and status pages then lie outside the destination vGPU's slices: its server
+/// faults what i915 submits there, the blitter's request in flight never completes, and the
+/// program's `GEM_WAIT` times out after its 20 s. The test stops there, not at the end of the run.
+/// (i915's heartbeat calls the blitter hung and resets it, again and again, but not at a time to
+/// rely on: 15 s after the switch-over in one run, not within 50 s in another; not asserted.)
+#[test]
+fn without_remapping_the_migrated_i915_guest_stops_rendering() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut p, q)) = migrate_rendering_vm(dir.path(), "noremap", &["--x-no-remap"]) else {
+        return;
+    };
+    let t = std::time::Instant::now();
+    let failed = p.dst.wait_for(Duration::from_secs(150), |l| {
+        l.starts_with("GMIG-I915: /bin/run-blit exit ")
+    });
+    let console = p.dst.console();
+    let logs = p.logs();
+    assert!(failed, "the destination's program did not end:\n{logs}");
+    eprintln!(
+        "no remap: the program ended {:.1} s after the migration",
+        t.elapsed().as_secs_f64()
+    );
+    // Every frame printed is right: the source rendered correctly up to the switch-over.
+    let (_, after) = migrated_frames(&p, &console, &q);
+    let lines: Vec<&str> = console.lines().map(|l| l.trim_end_matches('\r')).collect();
+    let error = lines
+        .iter()
+        .find(|l| l.starts_with("GMIG-BLIT: error: "))
+        .unwrap_or_else(|| panic!("the program reported no error:\n{logs}"));
+    assert!(
+        error.starts_with("GMIG-BLIT: error: GEM_WAIT"),
+        "the program failed otherwise than a frame that never completed: {error}\n{logs}"
+    );
+    assert!(
+        lines.contains(&"GMIG-I915: /bin/run-blit exit 1")
+            && !lines.iter().any(|l| l.starts_with("GMIG-BLIT: done ")),
+        "{logs}"
+    );
+    // The destination's server refused i915's rings and status pages.
+    let server = p.dst_serve.log_text();
+    let faults: Vec<&str> = server
+        .lines()
+        .filter(|l| l.contains("GPU fault") && l.contains("outside this vGPU's slices"))
+        .collect();
+    assert!(
+        faults.iter().any(|l| l.contains("(Ring)")),
+        "no fault on a ring outside the slices:\n{logs}"
+    );
+    eprintln!(
+        "no remap: the destination printed {} frame(s), then `{error}`; {} server faults",
+        after.len(),
+        faults.len()
     );
 }
