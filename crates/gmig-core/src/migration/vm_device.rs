@@ -237,12 +237,44 @@ impl<F: VmFactory> StateLoader for VmDevice<F> {
             if let Some(log) = self.dma.logger() {
                 let _ = log.merge_guest_dirty(&covered, 0);
             }
-            if let Ok(snap) = self.dma_reach(&covered).and_then(|r| self.dma_snapshot(r)) {
+            if let Ok(snap) = self.dma_reach(&covered).and_then(|r| self.dma_snapshot(&r)) {
                 self.dma_hashes = Some(snap);
             }
         }
         Ok(())
     }
+}
+
+/// The frames set in `frames`, and `extra`, in a bitmap from the first to the last of them (its
+/// base a multiple of 64 frames); empty where there are none.
+fn tight(frames: &DirtyBitmap, extra: &[gmig_dirty::Gfn]) -> Result<DirtyBitmap, DeviceError> {
+    let all = || frames.iter().chain(extra.iter().copied());
+    let lo = all()
+        .map(|g| g.0)
+        .min()
+        .map_or(frames.base().0, |g| g / 64 * 64);
+    let hi = all().map(|g| g.0 + 1).max().unwrap_or(lo);
+    let mut b = DirtyBitmap::new(gmig_dirty::Gfn(lo), hi.saturating_sub(lo))
+        .map_err(|e| dma_failed("bitmap", e))?;
+    for g in all() {
+        b.set(g).map_err(|e| dma_failed("bitmap", e))?;
+    }
+    Ok(b)
+}
+
+/// Runs `(first, count)` of consecutive frames in `frames` (in any order).
+fn runs_of(frames: &[gmig_dirty::Gfn]) -> Vec<(u64, u64)> {
+    let mut v: Vec<u64> = frames.iter().map(|g| g.0).collect();
+    v.sort_unstable();
+    v.dedup();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for g in v {
+        match out.last_mut() {
+            Some((first, n)) if *first + *n == g => *n += 1,
+            _ => out.push((g, 1)),
+        }
+    }
+    out
 }
 
 fn dma_failed(what: &str, e: impl std::fmt::Display) -> DeviceError {
@@ -290,8 +322,11 @@ impl<F: VmFactory> VmDevice<F> {
         Ok(b)
     }
 
-    /// Hashes of `frames` as they are now.
-    fn dma_snapshot(&self, frames: DirtyBitmap) -> Result<HashSnapshot, DeviceError> {
+    /// Hashes of `frames` as they are now. The snapshot spans only from the first to the last
+    /// of them ([`tight`]): its arrays, and every re-hash, scale with the GTT-backed frames the
+    /// device reaches, not with guest RAM.
+    fn dma_snapshot(&self, frames: &DirtyBitmap) -> Result<HashSnapshot, DeviceError> {
+        let frames = tight(frames, &[])?;
         let vm = self.vm().ok_or_else(no_vm)?;
         let pages = GuestPages::new(vm.memory()).map_err(|e| dma_failed("guest memory", e))?;
         let mut snap = HashSnapshot::new(frames).map_err(|e| dma_failed("snapshot", e))?;
@@ -313,26 +348,34 @@ impl<F: VmFactory> VmDevice<F> {
             return Err(DeviceError::DmaLog(DmaLogError::NotStarted));
         };
         let pages = GuestPages::new(vm.vm().memory()).map_err(|e| dma_failed("memory", e))?;
-        let mut dirty = self
+        let dirty = self
             .hasher
             .diff_update(&pages, snap)
             .map_err(|e| dma_failed("re-hash", e))?;
-        let covered = covered.clone();
-        let mut reach = self.dma_reach(&covered)?;
-        let tracked = self
-            .dma_hashes
-            .as_ref()
-            .map(|s| s.tracked().clone())
-            .ok_or(DeviceError::DmaLog(DmaLogError::NotStarted))?;
-        let mut new = reach.clone();
-        new.subtract(&tracked);
-        if new.count() > 0 {
-            reach.merge(&tracked).map_err(|e| dma_failed("bitmap", e))?;
-            self.dma_hashes = Some(self.dma_snapshot(reach)?);
-            dirty.merge(&new).map_err(|e| dma_failed("bitmap", e))?;
+        // Frames the device reaches now that the snapshot does not track: looked up frame by
+        // frame (the reach is the GTT-backed pages, far fewer than guest RAM), so a report costs
+        // no pass over the whole of guest RAM's bitmap unless the reach grew.
+        let fresh: Vec<gmig_dirty::Gfn> = match vm.vm().device_writable_pages() {
+            Some(reach) => reach
+                .into_iter()
+                .map(|g| gmig_dirty::Gfn(g.0))
+                .filter(|&g| covered.is_set(g) && !snap.tracked().is_set(g))
+                .collect(),
+            // Everything covered is tracked from the start.
+            None => Vec::new(),
+        };
+        if !fresh.is_empty() {
+            let reach = tight(snap.tracked(), &fresh)?;
+            self.dma_hashes = Some(self.dma_snapshot(&reach)?);
         }
         if let Some(log) = self.dma.logger() {
             log.merge_guest_dirty(&dirty, 0)?;
+            for (first, n) in runs_of(&fresh) {
+                log.mark_dirty(
+                    first * gmig_dirty::PAGE_SIZE as u64,
+                    n * gmig_dirty::PAGE_SIZE as u64,
+                );
+            }
         }
         Ok(())
     }
@@ -348,7 +391,7 @@ impl<F: VmFactory> DirtyLogging for VmDevice<F> {
         let snap = self.dma_covered(ranges).and_then(|covered| {
             let reach = self.dma_reach(&covered)?;
             self.dma_covered = Some(covered);
-            self.dma_snapshot(reach)
+            self.dma_snapshot(&reach)
         });
         match snap {
             Ok(snap) => {
@@ -383,5 +426,33 @@ impl<F: VmFactory> DirtyLogging for VmDevice<F> {
 impl<F: VmFactory> MigrationDevice for VmDevice<F> {
     fn migration_features(&self) -> MigrationFeatures {
         MigrationFeatures::STOP_COPY.union(MigrationFeatures::PRE_COPY)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{runs_of, tight};
+    use gmig_dirty::{DirtyBitmap, Gfn};
+
+    #[test]
+    fn tight_spans_the_set_frames_and_the_extra_ones() {
+        let mut b = DirtyBitmap::new(Gfn(0), 1 << 21).unwrap();
+        for g in [70_000, 70_001, 90_000] {
+            b.set(Gfn(g)).unwrap();
+        }
+        let t = tight(&b, &[Gfn(100_000)]).unwrap();
+        assert_eq!(t.base(), Gfn(70_000 / 64 * 64));
+        assert_eq!(t.base().0 + t.span_pages(), 100_001);
+        let got: Vec<u64> = t.iter().map(|g| g.0).collect();
+        assert_eq!(got, vec![70_000, 70_001, 90_000, 100_000]);
+        let empty = tight(&DirtyBitmap::new(Gfn(0), 1 << 21).unwrap(), &[]).unwrap();
+        assert_eq!((empty.span_pages(), empty.count()), (0, 0));
+    }
+
+    #[test]
+    fn runs_of_joins_consecutive_frames() {
+        let f = |v: &[u64]| v.iter().map(|&g| Gfn(g)).collect::<Vec<_>>();
+        assert_eq!(runs_of(&f(&[5, 3, 4, 9, 4])), vec![(3, 3), (9, 1)]);
+        assert!(runs_of(&[]).is_empty());
     }
 }
