@@ -96,13 +96,7 @@ fn migrate_once(tools: &Tools, dir: &Path, tag: &str, case: Case, ram_mib: u64) 
         }
     }
     // 10 Gbit/s (QEMU's default is 128 MiB/s), as `gmig bench vm --links 10` below.
-    let answer = p.start_migration(r#"{"downtime-limit":300,"max-bandwidth":1250000000}"#);
-    assert!(
-        answer.contains("\"return\""),
-        "migrate: {answer}\n{}",
-        p.logs()
-    );
-    let q = p.wait_migration();
+    let q = p.migrate(r#"{"downtime-limit":300,"max-bandwidth":1250000000}"#);
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
     if case == Case::VgpuRendering {
         // The destination does the work after the switch-over.

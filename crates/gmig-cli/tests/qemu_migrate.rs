@@ -189,13 +189,7 @@ fn wait_rendering(p: &mut Pair) {
 /// Renders, migrates after `frame MIGRATE_AFTER` and returns `query-migrate`'s end.
 fn migrate(p: &mut Pair) -> Value {
     wait_rendering(p);
-    let answer = p.start_migration(r#"{"downtime-limit":300}"#);
-    assert!(
-        answer.contains("\"return\""),
-        "migrate: {answer}\n{}",
-        p.logs()
-    );
-    p.wait_migration()
+    p.migrate(r#"{"downtime-limit":300}"#)
 }
 
 /// The device's bytes in a `query-migrate` answer.

@@ -141,6 +141,18 @@ impl Pair {
         }
     }
 
+    /// Sets `params`, sends `migrate` (which must be accepted) and waits for it to end; the
+    /// last `query-migrate` answer (its `status` is for the caller to judge).
+    pub fn migrate(&mut self, params: &str) -> Value {
+        let answer = self.start_migration(params);
+        assert!(
+            answer.contains("\"return\""),
+            "migrate: {answer}\n{}",
+            self.logs()
+        );
+        self.wait_migration()
+    }
+
     /// The destination guest's end: waits for its QEMU to exit; its console.
     pub fn finish(&mut self) -> String {
         let status = self.dst.wait_exit(Duration::from_secs(600));
