@@ -26,7 +26,7 @@
 #     -machine q35,accel=tcg,memory-backend=mem -cpu max -m 1G \
 #     -object memory-backend-memfd,id=mem,size=1G,share=on -nographic -nodefaults \
 #     -serial mon:stdio -no-reboot -kernel "$KERNEL" -initrd "$INITRD" \
-#     -append "console=ttyS0 panic=-1 quiet [gmig.run=...]"
+#     -append "console=ttyS0 panic=-1 quiet no_timer_check [gmig.run=...]"
 # (TCG: the host's /dev/kvm cannot run this kernel). `-nodefaults -serial mon:stdio` drops q35's
 # default VGA, NIC and empty CD-ROM; the CD-ROM alone costs SeaBIOS a 30 s AHCI timeout, so
 # `GMIG-GUEST: up` comes ~3 s after start with it and ~35 s without.

@@ -61,7 +61,7 @@ for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
     -object "memory-backend-memfd,id=mem,size=${ram}M,share=on" \
     -nodefaults -nographic -no-reboot -serial stdio \
     -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "console=ttyS0 panic=-1 quiet gmig.run=/bin/gmig-guest,--profile,$profile,--frames,$frames" \
+    -append "console=ttyS0 panic=-1 quiet no_timer_check gmig.run=/bin/gmig-guest,--profile,$profile,--frames,$frames" \
     -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}" \
     | tee "$work/console.log" | tr -d '\r' | grep -E '^(GMIG-|gmig guest|gpu:|frame |checksum|tsc |guest error)'
 qemu_status=${PIPESTATUS[0]}
