@@ -62,6 +62,34 @@ pub fn ram_layout(size: u64) -> Vec<(u64, u64)> {
     v
 }
 
+/// The end of `size` bytes of guest RAM in guest-physical space (past the high part where
+/// there is one).
+pub fn ram_end(size: u64) -> u64 {
+    ram_layout(size)
+        .last()
+        .map_or(0, |&(start, len)| start + len)
+}
+
+/// One dirty bitmap over the guest-physical space of `size` bytes of guest RAM (bit `n` = page
+/// `n`), put together from a log per range of [`ram_layout`]: `read(index, start, length)` gives
+/// the range's words, which land at its place (every range starts on a multiple of 64 pages);
+/// the hole between ranges stays clear.
+pub fn log_over_ram(
+    size: u64,
+    mut read: impl FnMut(usize, u64, u64) -> Result<Vec<u64>>,
+) -> Result<Vec<u64>> {
+    let mut words = vec![0u64; (ram_end(size) / 4096).div_ceil(64) as usize];
+    for (i, (start, len)) in ram_layout(size).into_iter().enumerate() {
+        let at = (start / 4096 / 64) as usize;
+        for (j, w) in read(i, start, len)?.into_iter().enumerate() {
+            if let Some(d) = words.get_mut(at + j) {
+                *d = w;
+            }
+        }
+    }
+    Ok(words)
+}
+
 /// Makes `size` bytes of memfd-backed guest RAM laid out by [`ram_layout`] (one memfd, the high
 /// part at file offset [`LOW_RAM_MAX`]), shareable with the vGPU and a vfio-user server (the same
 /// file can be mapped elsewhere).
@@ -325,9 +353,7 @@ impl Vm {
     /// The end of guest RAM in guest-physical space (past the high part where there is one):
     /// dirty bitmaps cover `0..ram_end() / 4096`, with no bit set in the hole.
     pub fn ram_end(&self) -> u64 {
-        ram_layout(self.ram_bytes)
-            .last()
-            .map_or(0, |&(start, len)| start + len)
+        ram_end(self.ram_bytes)
     }
 
     /// The guest-physical extents `(first gfn, pages)` of guest RAM that hold data: the memfd's
@@ -371,21 +397,11 @@ impl Vm {
     /// KVM's dirty log of guest RAM since the last call (read and clear): one bit per 4 KiB page
     /// of `0..ram_end()`, each memory slot's log at its place (the hole between stays clear).
     pub fn dirty_log(&self) -> Result<Vec<u64>> {
-        let mut words = vec![0u64; (self.ram_end() / 4096).div_ceil(64) as usize];
-        for (slot, (start, len)) in ram_layout(self.ram_bytes).into_iter().enumerate() {
-            let log = self
-                .vm
+        log_over_ram(self.ram_bytes, |slot, _start, len| {
+            self.vm
                 .get_dirty_log(slot as u32, len as usize)
-                .map_err(kvm("KVM_GET_DIRTY_LOG"))?;
-            // Both parts start on a multiple of 64 pages (256 KiB).
-            let at = (start / 4096 / 64) as usize;
-            for (i, w) in log.into_iter().enumerate() {
-                if let Some(d) = words.get_mut(at + i) {
-                    *d = w;
-                }
-            }
-        }
-        Ok(words)
+                .map_err(kvm("KVM_GET_DIRTY_LOG"))
+        })
     }
 
     /// The vCPU's state, for a migration (the vCPU must not be running: the VMM calls this

@@ -26,7 +26,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::gpu::GpuLink;
 use crate::guest::GuestConfig;
-use crate::kvm::{ram_layout, realtime_ns, Stop, VcpuState};
+use crate::kvm::{log_over_ram, ram_layout, realtime_ns, Stop, VcpuState};
 use crate::machine::{Machine, SerialSnapshot};
 use crate::switchover::Progress;
 use crate::{Error, Result};
@@ -148,6 +148,7 @@ fn dec<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T> {
 /// The dirty pages since the last call: KVM's log, joined (unless `gpu` is off) with the vGPU's.
 /// Returns the joined bitmap and how many pages only the vGPU's log had.
 fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(DirtyBitmap, u64)> {
+    let ram = m.vm().ram_bytes();
     let pages = m.vm().ram_end() / PAGE as u64;
     let bitmap = |words| {
         DirtyBitmap::from_words(Gfn(0), pages, words)
@@ -156,22 +157,9 @@ fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(DirtyBitmap, u64)> {
     let mut dirty = bitmap(m.vm().dirty_log()?)?;
     let mut gpu_only = 0;
     if gpu {
-        // The vGPU's log, range by range, each at its place (ranges start on 64-page bounds).
-        let mut words = vec![0u64; pages.div_ceil(64) as usize];
-        for (start, len) in ram_layout(m.vm().ram_bytes()) {
-            let at = (start / PAGE as u64 / 64) as usize;
-            for (i, w) in m
-                .gpu()
-                .link()
-                .dma_log_report(start, len)?
-                .into_iter()
-                .enumerate()
-            {
-                if let Some(d) = words.get_mut(at + i) {
-                    *d = w;
-                }
-            }
-        }
+        // The vGPU's log, range by range, each at its place.
+        let link = m.gpu().link();
+        let words = log_over_ram(ram, |_, start, len| link.dma_log_report(start, len))?;
         let mut report = bitmap(words)?;
         report.subtract(&dirty);
         gpu_only = report.count();
