@@ -237,7 +237,7 @@ impl<F: VmFactory> StateLoader for VmDevice<F> {
             if let Some(log) = self.dma.logger() {
                 let _ = log.merge_guest_dirty(&covered, 0);
             }
-            if let Ok(snap) = self.dma_reach(&covered).and_then(|r| self.dma_snapshot(&r)) {
+            if let Ok(snap) = self.dma_reach(&covered).and_then(|r| self.dma_snapshot(r)) {
                 self.dma_hashes = Some(snap);
             }
         }
@@ -245,18 +245,18 @@ impl<F: VmFactory> StateLoader for VmDevice<F> {
     }
 }
 
-/// The frames set in `frames`, and `extra`, in a bitmap from the first to the last of them (its
-/// base a multiple of 64 frames); empty where there are none.
-fn tight(frames: &DirtyBitmap, extra: &[gmig_dirty::Gfn]) -> Result<DirtyBitmap, DeviceError> {
-    let all = || frames.iter().chain(extra.iter().copied());
-    let lo = all()
-        .map(|g| g.0)
-        .min()
-        .map_or(frames.base().0, |g| g / 64 * 64);
-    let hi = all().map(|g| g.0 + 1).max().unwrap_or(lo);
+/// `frames` in a bitmap from the first to the last of them (its base a multiple of 64 frames),
+/// so what is kept per frame scales with the frames, not with guest RAM; empty where there are
+/// none.
+fn tight<I>(frames: I) -> Result<DirtyBitmap, DeviceError>
+where
+    I: Iterator<Item = gmig_dirty::Gfn> + Clone,
+{
+    let lo = frames.clone().map(|g| g.0).min().map_or(0, |g| g / 64 * 64);
+    let hi = frames.clone().map(|g| g.0 + 1).max().unwrap_or(lo);
     let mut b = DirtyBitmap::new(gmig_dirty::Gfn(lo), hi.saturating_sub(lo))
         .map_err(|e| dma_failed("bitmap", e))?;
-    for g in all() {
+    for g in frames {
         b.set(g).map_err(|e| dma_failed("bitmap", e))?;
     }
     Ok(b)
@@ -305,28 +305,24 @@ impl<F: VmFactory> VmDevice<F> {
         Ok(frames)
     }
 
-    /// The covered frames the device could write now (all of them when it cannot say).
+    /// The covered frames the device could write now (all of them when it cannot say), in a
+    /// bitmap spanning only them ([`tight`]): the snapshot hashed from it, and every re-hash,
+    /// scale with the GTT-backed frames the device reaches, not with guest RAM.
     fn dma_reach(&self, covered: &DirtyBitmap) -> Result<DirtyBitmap, DeviceError> {
         let vm = self.vm().ok_or_else(no_vm)?;
         let Some(reach) = vm.device_writable_pages() else {
-            return Ok(covered.clone());
+            return tight(covered.iter());
         };
-        let mut b = DirtyBitmap::new(covered.base(), covered.span_pages())
-            .map_err(|e| dma_failed("bitmap", e))?;
-        for g in reach {
-            if covered.is_set(gmig_dirty::Gfn(g.0)) {
-                b.set(gmig_dirty::Gfn(g.0))
-                    .map_err(|e| dma_failed("bitmap", e))?;
-            }
-        }
-        Ok(b)
+        tight(
+            reach
+                .iter()
+                .map(|g| gmig_dirty::Gfn(g.0))
+                .filter(|&g| covered.is_set(g)),
+        )
     }
 
-    /// Hashes of `frames` as they are now. The snapshot spans only from the first to the last
-    /// of them ([`tight`]): its arrays, and every re-hash, scale with the GTT-backed frames the
-    /// device reaches, not with guest RAM.
-    fn dma_snapshot(&self, frames: &DirtyBitmap) -> Result<HashSnapshot, DeviceError> {
-        let frames = tight(frames, &[])?;
+    /// Hashes of `frames` as they are now.
+    fn dma_snapshot(&self, frames: DirtyBitmap) -> Result<HashSnapshot, DeviceError> {
         let vm = self.vm().ok_or_else(no_vm)?;
         let pages = GuestPages::new(vm.memory()).map_err(|e| dma_failed("guest memory", e))?;
         let mut snap = HashSnapshot::new(frames).map_err(|e| dma_failed("snapshot", e))?;
@@ -365,8 +361,8 @@ impl<F: VmFactory> VmDevice<F> {
             None => Vec::new(),
         };
         if !fresh.is_empty() {
-            let reach = tight(snap.tracked(), &fresh)?;
-            self.dma_hashes = Some(self.dma_snapshot(&reach)?);
+            let reach = tight(snap.tracked().iter().chain(fresh.iter().copied()))?;
+            self.dma_hashes = Some(self.dma_snapshot(reach)?);
         }
         if let Some(log) = self.dma.logger() {
             log.merge_guest_dirty(&dirty, 0)?;
@@ -391,7 +387,7 @@ impl<F: VmFactory> DirtyLogging for VmDevice<F> {
         let snap = self.dma_covered(ranges).and_then(|covered| {
             let reach = self.dma_reach(&covered)?;
             self.dma_covered = Some(covered);
-            self.dma_snapshot(&reach)
+            self.dma_snapshot(reach)
         });
         match snap {
             Ok(snap) => {
@@ -440,12 +436,12 @@ mod tests {
         for g in [70_000, 70_001, 90_000] {
             b.set(Gfn(g)).unwrap();
         }
-        let t = tight(&b, &[Gfn(100_000)]).unwrap();
+        let t = tight(b.iter().chain([Gfn(100_000)])).unwrap();
         assert_eq!(t.base(), Gfn(70_000 / 64 * 64));
         assert_eq!(t.base().0 + t.span_pages(), 100_001);
         let got: Vec<u64> = t.iter().map(|g| g.0).collect();
         assert_eq!(got, vec![70_000, 70_001, 90_000, 100_000]);
-        let empty = tight(&DirtyBitmap::new(Gfn(0), 1 << 21).unwrap(), &[]).unwrap();
+        let empty = tight(DirtyBitmap::new(Gfn(0), 1 << 21).unwrap().iter()).unwrap();
         assert_eq!((empty.span_pages(), empty.count()), (0, 0));
     }
 
