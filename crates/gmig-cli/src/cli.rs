@@ -271,9 +271,14 @@ pub struct MigrateArgs {
     /// Source: frames the guest runs before the migration starts.
     #[arg(long, default_value_t = 5)]
     pub frames_before: u64,
-    /// In-flight workloads allowed to finish after the stop (the rest is carried across).
-    #[arg(long, default_value_t = 2)]
+    /// Dispatched GPU workloads the stop lets finish on the source; the rest is preempted at a
+    /// command boundary and resumes on the destination (default 0: everything is carried).
+    #[arg(long, default_value_t = 0)]
     pub max_drain: usize,
+    /// Bounds the drain in time as well: when it runs out, the running workload is preempted
+    /// at the next command boundary and carried.
+    #[arg(long, value_name = "MS")]
+    pub max_drain_ms: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -355,11 +360,19 @@ pub struct BenchCommonArgs {
     /// (to measure what the verification saves).
     #[arg(long)]
     pub no_verify_before_stop: bool,
-    /// Queued workloads the stop lets finish on the source (the rest travel in the stream and run
-    /// first on the destination); default: the engine's (`MigrationConfig::max_drain`, 2). What
-    /// the drained workloads write is stop-copy data.
+    /// Dispatched workloads the stop lets finish on the source (the rest is preempted at a
+    /// command boundary, travels in the stream and resumes on the destination); default: the
+    /// engine's (`MigrationConfig::max_drain`: 0, carry everything). What the drained workloads
+    /// write is stop-copy data.
     #[arg(long)]
     pub max_drain: Option<usize>,
+    /// Bounds `--max-drain` in time as well (milliseconds).
+    #[arg(long, value_name = "MS")]
+    pub max_drain_ms: Option<f64>,
+    /// Commands of each frame the GPU runs as soon as the guest submits it, so that the stop
+    /// finds a workload part-way and preempts it (0: the frame waits for the next step).
+    #[arg(long, default_value_t = 0)]
+    pub gpu_ahead: u64,
     /// Leave untouched guest pages unbacked (they then read from the kernel's shared zero page,
     /// in cache, which flatters hashing); by default every page is backed before migrating.
     #[arg(long)]
@@ -468,11 +481,14 @@ pub struct ServeArgs {
     /// destination can sit elsewhere in graphics memory than its source.
     #[arg(long, default_value_t = 0)]
     pub slot: u32,
-    /// Queued GPU workloads the migration's stop lets run on the source; the rest travel in the
-    /// vGPU's state and run on the destination (default: 0 for a real guest, so its queued work
-    /// moves; the engine's 2 with `--profile`).
+    /// Dispatched GPU workloads the migration's stop lets finish on the source; the rest is
+    /// preempted at a command boundary, travels in the vGPU's state and resumes on the
+    /// destination (default 0: everything is carried).
     #[arg(long)]
     pub max_drain: Option<usize>,
+    /// Bounds `--max-drain` in time as well (milliseconds).
+    #[arg(long, value_name = "MS")]
+    pub max_drain_ms: Option<f64>,
     /// Negative control: a restored vGPU keeps the source's graphics addresses.
     #[arg(long, hide = true)]
     pub x_no_remap: bool,
@@ -501,4 +517,23 @@ pub struct DemoArgs {
     /// Skip the real KVM guest (run only the simulated one).
     #[arg(long)]
     pub no_vm: bool,
+}
+
+/// The stop's drain from `--max-drain` and `--max-drain-ms` (`None` for either: `default`'s).
+pub fn drain(
+    workloads: Option<usize>,
+    ms: Option<f64>,
+    default: gmig_core::migration::Drain,
+) -> anyhow::Result<gmig_core::migration::Drain> {
+    let time = match ms {
+        Some(ms) => Some(
+            std::time::Duration::try_from_secs_f64(ms / 1000.0)
+                .map_err(|e| anyhow::anyhow!("--max-drain-ms {ms}: {e}"))?,
+        ),
+        None => default.time,
+    };
+    Ok(gmig_core::migration::Drain {
+        workloads: workloads.unwrap_or(default.workloads),
+        time,
+    })
 }

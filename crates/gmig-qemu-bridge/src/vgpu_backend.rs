@@ -60,16 +60,17 @@ pub struct VgpuSpec {
     /// Whether a restored vGPU remaps graphics addresses onto this host's slices (`false` only
     /// for negative controls, which show that without it the guest faults or differs).
     pub remap: bool,
-    /// Queued workloads the stop lets run on the source (`SaveSettings::max_drain`); the rest
-    /// travel in the vGPU's state and run on the destination.
-    pub max_drain: usize,
+    /// What of the dispatched work the stop lets finish on the source
+    /// (`SaveSettings::max_drain`); the rest is preempted at a command boundary, travels in the
+    /// vGPU's state and resumes on the destination.
+    pub max_drain: gmig_core::migration::Drain,
 }
 
 impl VgpuSpec {
     /// A GEN9 vGPU of type `ty` placed in host slot `slot` (0: first fit; `n`: after `n` other
     /// vGPUs of the same type) on the default host, for a real guest: the GPU keeps pace with the
     /// guest's accesses, the VMM moves guest RAM (`ram_by_vmm`), remapping on, and the stop runs
-    /// no queued workload (`max_drain` 0: they travel and the destination runs them).
+    /// nothing (`Drain::CARRY`: the work in flight travels and the destination resumes it).
     pub fn for_guest(ty: VgpuType, slot: u32, ram_by_vmm: bool) -> Result<VgpuSpec, String> {
         let host = gmig_vgpu::gm::HostConfig::default();
         let mut pm = gmig_vgpu::gm::PartitionManager::new(host).map_err(|e| e.to_string())?;
@@ -87,7 +88,7 @@ impl VgpuSpec {
             gpu_pace: Some(GUEST_GPU_PACE),
             ram_by_vmm,
             remap: true,
-            max_drain: 0,
+            max_drain: gmig_core::migration::Drain::CARRY,
         })
     }
 }
@@ -121,7 +122,7 @@ impl std::fmt::Debug for VgpuBackend {
     }
 }
 
-fn settings(max_drain: usize) -> SaveSettings {
+fn settings(max_drain: gmig_core::migration::Drain) -> SaveSettings {
     SaveSettings {
         max_drain,
         ..SaveSettings::from(&MigrationConfig::new(Policy::OneShotNarrow))

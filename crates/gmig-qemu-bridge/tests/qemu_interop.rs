@@ -65,7 +65,7 @@ fn spawn_with(
         gpu_pace: None,
         ram_by_vmm: true,
         remap: true,
-        max_drain: 0,
+        max_drain: gmig_core::migration::Drain::CARRY,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

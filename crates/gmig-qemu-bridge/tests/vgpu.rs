@@ -43,7 +43,7 @@ fn spawn(
         gpu_pace: None,
         ram_by_vmm: false,
         remap,
-        max_drain: 0,
+        max_drain: gmig_core::migration::Drain::CARRY,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

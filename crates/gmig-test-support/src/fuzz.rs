@@ -106,7 +106,10 @@ fn slices() -> (VgpuSlices, VgpuSlices) {
     crate::moved_slices(TY)
 }
 
-const MAX_DRAIN: usize = 2;
+const MAX_DRAIN: gmig_core::migration::Drain = gmig_core::migration::Drain {
+    workloads: 2,
+    time: None,
+};
 
 fn settings() -> SaveSettings {
     let mut c = MigrationConfig::new(Policy::OneShot);

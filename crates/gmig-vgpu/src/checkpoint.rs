@@ -294,6 +294,7 @@ impl Vgpu {
             ctx_heads: state.ctx_heads.iter().copied().collect(),
             irqs_raised: 0,
             unmodelled: Default::default(),
+            live: None,
         };
         // Shadow registers: rebase host addresses onto the new slices.
         for &(reg, value) in &state.sregs {
@@ -310,7 +311,16 @@ impl Vgpu {
             vgpu.sregs.insert(reg, v);
         }
         // Queued workloads: rebase their context images and every GGTT address in their commands.
-        for w in &state.queue {
+        for (i, w) in state.queue.iter().enumerate() {
+            // Only the workload at the head can have been stopped part-way, and only where its
+            // own command list puts a command boundary.
+            if let Some(p) = &w.preempted {
+                if i != 0 || !w.is_consistent(p) {
+                    return Err(CheckpointError::Mismatch(
+                        "a queued workload's preemption point is not a command boundary of the workload at the head",
+                    ));
+                }
+            }
             let mut w = w.clone();
             if remap {
                 w.lrca = mv.rebase(w.lrca).ok_or_else(|| {
@@ -361,7 +371,7 @@ mod tests {
             GuestDriver::boot(&mut v, Profile::Desktop, WorkloadConfig::small(), 3).unwrap();
         d.run_frames(&mut v, 1).unwrap();
         d.submit_frame(&mut v).unwrap();
-        v.pause(0);
+        v.pause(crate::work::Drain::CARRY);
         v
     }
 

@@ -31,8 +31,8 @@ use crate::vgpu::{Vgpu, VgpuConfig};
 use crate::work::WriteLog;
 use crate::workload::{GuestDriver, Profile, WorkloadConfig};
 use gmig_core::migration::{
-    decode_state, encode_state, Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError,
-    VmFactory,
+    decode_state, encode_state, Candidates, Drain, DrainWrites, MigratableVm, RestoreTimes,
+    VmError, VmFactory,
 };
 use gmig_core::stream::{Compatibility, GpuGeneration, StateKind, StreamHeader, VgpuTypeId};
 
@@ -72,6 +72,7 @@ pub struct VgpuVm {
     driver: Option<GuestDriver>,
     tracking: Option<(WriteLog, BTreeSet<Gfn>)>,
     ram_by_vmm: bool,
+    gpu_ahead: u64,
 }
 
 impl VgpuVm {
@@ -96,6 +97,7 @@ impl VgpuVm {
             driver: Some(driver),
             tracking: None,
             ram_by_vmm: false,
+            gpu_ahead: 0,
         })
     }
 
@@ -113,6 +115,7 @@ impl VgpuVm {
             driver: None,
             tracking: None,
             ram_by_vmm: false,
+            gpu_ahead: 0,
         })
     }
 
@@ -123,6 +126,15 @@ impl VgpuVm {
     #[must_use]
     pub fn with_ram_by_vmm(mut self, on: bool) -> Self {
         self.ram_by_vmm = on;
+        self
+    }
+
+    /// Lets the engines run `commands` commands of each frame as soon as the guest submits it
+    /// (a GPU working while the guest goes on), so that a stop between steps finds a workload
+    /// part-way and preempts it there. 0 (the default): the frame waits for the next step.
+    #[must_use]
+    pub fn with_gpu_ahead(mut self, commands: u64) -> Self {
+        self.gpu_ahead = commands;
         self
     }
 
@@ -247,6 +259,7 @@ impl MigratableVm for VgpuVm {
         if self.vgpu.is_accepting() {
             d.submit_frame(&mut self.vgpu)
                 .map_err(|e| vm_err("submit", e))?;
+            self.vgpu.advance(self.gpu_ahead);
         }
         Ok(())
     }
@@ -290,8 +303,8 @@ impl MigratableVm for VgpuVm {
         Candidates::Pages(pages.into_iter().collect())
     }
 
-    fn quiesce(&mut self, max_drain: usize) -> Result<usize, VmError> {
-        Ok(self.vgpu.pause(max_drain).executed)
+    fn quiesce(&mut self, drain: Drain) -> Result<usize, VmError> {
+        Ok(self.vgpu.pause(drain).executed)
     }
 
     fn drain_writes(&self, max_drain: usize) -> Option<DrainWrites> {
@@ -604,6 +617,7 @@ impl VmFactory for VgpuFactory {
                 driver: None,
                 tracking: None,
                 ram_by_vmm: self.ram_by_vmm,
+                gpu_ahead: 0,
             },
             RestoreTimes {
                 restore_ns,

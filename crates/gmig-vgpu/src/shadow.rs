@@ -285,6 +285,7 @@ pub(crate) fn shadow_workload<S: ShadowSource>(
         ring_tail: tail,
         pml4,
         commands,
+        preempted: None,
     })
 }
 
@@ -344,6 +345,15 @@ impl<'a> WriteSets<'a> {
         };
         WriteSets {
             state: IndirectState::new(gen, space),
+            candidate,
+            reach: Reach::default(),
+        }
+    }
+
+    /// Sets for the rest of a workload whose commands so far left `state`.
+    pub(crate) fn resume(state: IndirectState, candidate: &'a mut Vec<Gfn>) -> WriteSets<'a> {
+        WriteSets {
+            state,
             candidate,
             reach: Reach::default(),
         }

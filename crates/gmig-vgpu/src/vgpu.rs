@@ -16,11 +16,13 @@
 //!   whose GGTT addresses are rebased into the host slices (as GVT-g shadows ring and batch
 //!   buffers); guest memory itself is never rewritten.
 
+use super::work::Drain;
 use super::work::DrainReport;
 use super::work::EngineState;
 use super::work::ExecStats;
 use super::work::FaultKind;
 use super::work::GpuFault;
+use super::work::Preemption;
 use super::work::Workload;
 use super::work::WriteLog;
 
@@ -122,6 +124,9 @@ pub struct Vgpu {
     pub(crate) irqs_raised: u64,
     /// Registers touched that the register model has no row for (not migrated).
     pub(crate) unmodelled: crate::regs::unmodelled::Unmodelled,
+    /// The engine's state where the workload at the head of the queue stopped part-way (not
+    /// migrated: a destination rebuilds it from the workload's commands).
+    pub(crate) live: Option<crate::exec::RunState>,
 }
 
 impl Vgpu {
@@ -153,6 +158,7 @@ impl Vgpu {
             ctx_heads: BTreeMap::new(),
             irqs_raised: 0,
             unmodelled: Default::default(),
+            live: None,
         })
     }
 
@@ -237,10 +243,24 @@ impl Vgpu {
         self.irqs_raised
     }
 
-    /// Runs one workload on the reference engine and applies what it did: statistics, write log,
-    /// register writes, the user interrupt or a fault, then completes its context.
-    pub(crate) fn execute(&mut self, w: &Workload) {
-        let out = crate::exec::execute(self.cfg.gen, self.host_view(w.pml4), w, self.stats.clock);
+    /// Runs the workload at the head of the queue on the reference engine, from where it
+    /// stands until it ends, faults or `limit` stops it at a command boundary, and applies what
+    /// it did: statistics, write log, register writes, the user interrupt or a fault; when it
+    /// ended, completes its context and takes it off the queue, else records where it stopped
+    /// ([`Workload::preempted`]). Returns the commands run and whether the workload completed.
+    fn execute_head(&mut self, limit: crate::exec::Limit) -> Option<(u64, bool)> {
+        let live = self.live.take();
+        let w = self.queue.front()?;
+        let (out, live) = crate::exec::execute_span(
+            self.cfg.gen,
+            self.host_view(w.pml4),
+            w,
+            live,
+            limit,
+            self.stats.clock,
+        );
+        let (engine, ctx_id) = (w.engine, w.ctx_id());
+        let ran = out.clock - self.stats.clock;
         self.stats.max_workload_pages = self.stats.max_workload_pages.max(out.pages_written);
         self.write_log.merge(out.log);
         self.stats.clock = out.clock;
@@ -252,19 +272,34 @@ impl Vgpu {
             self.command_reg_write(r, v);
         }
         if out.interrupt {
-            self.raise_engine_irq(w.engine, crate::regs::table::GT_USER_INTERRUPT);
+            self.raise_engine_irq(engine, crate::regs::table::GT_USER_INTERRUPT);
         }
-        match out.fault {
-            Some(reason) => self.report_fault(GpuFault {
-                engine: w.engine,
-                ctx_id: w.ctx_id(),
+        match (out.fault, out.next) {
+            (Some(reason), _) => self.report_fault(GpuFault {
+                engine,
+                ctx_id,
                 kind: FaultKind::Memory,
                 reason,
             }),
-            None => self.stats.workloads += 1,
+            (None, Some(next)) => {
+                let w = self.queue.front_mut()?;
+                w.preempted = Preemption::at(&w.commands, next);
+                self.live = live;
+                return Some((ran, false));
+            }
+            (None, None) => self.stats.workloads += 1,
         }
+        let w = self.queue.pop_front()?;
         self.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
         self.switch_out(w.engine, w.seq);
+        Some((ran, true))
+    }
+
+    /// Runs one whole workload (the head of the queue, from where it stands).
+    #[cfg(test)]
+    pub(crate) fn execute(&mut self, w: &Workload) {
+        self.queue.push_front(w.clone());
+        self.execute_head(crate::exec::Limit::ALL);
     }
 
     pub(crate) fn report_fault(&mut self, fault: GpuFault) {
@@ -304,15 +339,15 @@ impl Vgpu {
 
     // ---- execution ----
 
-    /// Runs at most `max` queued workloads in submission order; returns how many ran.
+    /// Runs at most `max` queued workloads in submission order (a preempted one from where it
+    /// stopped); returns how many completed.
     pub fn run(&mut self, max: usize) -> usize {
         let mut n = 0;
         while n < max {
-            let Some(w) = self.queue.pop_front() else {
-                break;
-            };
-            self.execute(&w);
-            n += 1;
+            match self.execute_head(crate::exec::Limit::ALL) {
+                Some((_, true)) => n += 1,
+                Some((_, false)) | None => break,
+            }
         }
         n
     }
@@ -322,14 +357,57 @@ impl Vgpu {
         self.run(usize::MAX)
     }
 
-    /// Stops accepting submissions and lets at most `max_drain` queued workloads finish; the rest
-    /// stay queued (and travel in a checkpoint).
-    pub fn pause(&mut self, max_drain: usize) -> DrainReport {
+    /// Lets the engines run at most `commands` commands of the queued work, in submission order,
+    /// the last workload it reaches possibly stopped part-way (a GPU that has been running while
+    /// the guest did other things). Returns the commands run.
+    pub fn advance(&mut self, commands: u64) -> u64 {
+        let mut ran = 0;
+        while ran < commands {
+            let limit = crate::exec::Limit {
+                commands: commands - ran,
+                deadline: None,
+            };
+            match self.execute_head(limit) {
+                Some((n, done)) => {
+                    ran += n;
+                    if !done {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        ran
+    }
+
+    /// The workload the engines stopped part-way, and where: `(seq, next command)`.
+    pub fn preempted(&self) -> Option<(u64, u32)> {
+        let w = self.queue.front()?;
+        w.preempted.map(|p| (w.seq, p.next))
+    }
+
+    /// Stops accepting submissions; lets at most `drain.workloads` queued workloads finish
+    /// within `drain.time`, and preempts the one running when either runs out at a command
+    /// boundary. Everything left (the preempted workload with its position, the queued ones)
+    /// stays queued and travels in a checkpoint. [`Drain::CARRY`] runs nothing.
+    pub fn pause(&mut self, drain: Drain) -> DrainReport {
         self.accepting = false;
-        let executed = self.run(max_drain);
+        let deadline = drain.time.map(|t| std::time::Instant::now() + t);
+        let mut executed = 0;
+        while executed < drain.workloads && deadline.is_none_or(|d| std::time::Instant::now() < d) {
+            let limit = crate::exec::Limit {
+                commands: u64::MAX,
+                deadline,
+            };
+            match self.execute_head(limit) {
+                Some((_, true)) => executed += 1,
+                _ => break,
+            }
+        }
         DrainReport {
             executed,
             queued: self.queue.len(),
+            preempted: self.preempted(),
         }
     }
 
@@ -491,7 +569,7 @@ mod tests {
         v.mmio_write32(elsp, 0).unwrap();
         assert!(v.engines[1].elsp.is_empty());
         assert_eq!(v.queued(), 0);
-        v.pause(0);
+        v.pause(Drain::CARRY);
         assert_eq!(v.mmio_write32(elsp, 0), Err(VgpuError::Paused("bcs")));
         v.resume();
         assert!(v.mmio_write32(elsp, 0).is_ok());

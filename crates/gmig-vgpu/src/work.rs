@@ -4,7 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gmig_cmdparser::{BatchContext, GgttOffset};
+use gmig_cmdparser::{BatchContext, BatchLevel, GgttOffset};
+pub use gmig_core::migration::Drain;
 use serde::{Deserialize, Serialize};
 
 use crate::gm::Gfn;
@@ -41,12 +42,69 @@ pub struct Workload {
     pub pml4: Option<u64>,
     /// The commands.
     pub commands: Vec<ShadowCommand>,
+    /// Where the engine stopped this workload part-way (preempted at a command boundary), if it
+    /// did: it resumes there, on this host or after a migration on another.
+    pub preempted: Option<Preemption>,
 }
 
 impl Workload {
     /// The context ID (upper dword of the descriptor).
     pub fn ctx_id(&self) -> u32 {
         (self.desc >> desc::CTX_ID_SHIFT) as u32
+    }
+
+    /// Index of the next command to run (0 when the workload has not started).
+    pub fn next_command(&self) -> usize {
+        self.preempted.map_or(0, |p| p.next as usize)
+    }
+
+    /// Whether `p` is where this workload can have been preempted: part-way (at least one
+    /// command run, at least one left) and with the ring head and batch position the command
+    /// list gives there. A checkpoint that says otherwise is refused.
+    pub fn is_consistent(&self, p: &Preemption) -> bool {
+        (p.next as usize) > 0
+            && (p.next as usize) < self.commands.len()
+            && Preemption::at(&self.commands, p.next as usize).as_ref() == Some(p)
+    }
+}
+
+/// Where a workload was preempted: the command boundary the engine stopped at, as the hardware
+/// saves it in the context (the ring head and, inside a batch buffer, the batch position).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    /// Commands already run: the next one is `commands[next]`.
+    pub next: u32,
+    /// The guest-view GGTT address in the ring the head points at: the next command when it is
+    /// a ring command, else the one after the `MI_BATCH_BUFFER_START` that started its batch.
+    pub ring_head: u64,
+    /// The next command's buffer and guest address when it sits in a batch buffer.
+    pub batch: Option<(BatchLevel, u64)>,
+}
+
+impl Preemption {
+    /// The position before `commands[next]` (`None` past the end).
+    pub fn at(commands: &[ShadowCommand], next: usize) -> Option<Preemption> {
+        let cmd = commands.get(next)?;
+        let (ring_head, batch) = if cmd.ctx.level == BatchLevel::Ring {
+            (cmd.guest_addr, None)
+        } else {
+            // A walk enters every batch from the ring, so a ring command precedes it.
+            let start = commands[..next]
+                .iter()
+                .rev()
+                .find(|c| c.ctx.level == BatchLevel::Ring);
+            (
+                start.map_or(0, |c| {
+                    c.guest_addr.saturating_add(4 * c.dwords.len() as u64)
+                }),
+                Some((cmd.ctx.level, cmd.guest_addr)),
+            )
+        };
+        Some(Preemption {
+            next: u32::try_from(next).ok()?,
+            ring_head,
+            batch,
+        })
     }
 }
 
@@ -164,8 +222,10 @@ impl WriteLog {
 /// What a bounded drain did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrainReport {
-    /// Workloads executed during the drain.
+    /// Workloads completed during the drain.
     pub executed: usize,
-    /// Workloads still queued (they travel in the checkpoint).
+    /// Workloads still queued (they travel in the checkpoint), the preempted one included.
     pub queued: usize,
+    /// The workload the stop left part-way, and where: `(seq, next command)`.
+    pub preempted: Option<(u64, u32)>,
 }

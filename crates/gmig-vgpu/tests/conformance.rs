@@ -30,7 +30,7 @@ fn settings(policy: Policy) -> SaveSettings {
     // One hashing thread: the hash pipeline's hand-overs then come in one order, so the v1 and
     // v2 streams can be compared byte for byte.
     c.hash_threads = 1;
-    c.max_drain = 1;
+    c.max_drain = gmig_core::migration::Drain::workloads(1);
     SaveSettings::from(&c)
 }
 
@@ -158,7 +158,9 @@ fn a_bad_stream_leaves_the_held_vgpu_as_it_was_and_running() {
     };
     // The reference went through what the device did: a stop (its bounded drain), a resume.
     let mut reference = booted(Profile::Video, 8, d);
-    reference.quiesce(1).unwrap();
+    reference
+        .quiesce(gmig_core::migration::Drain::workloads(1))
+        .unwrap();
     reference.unquiesce().unwrap();
     let mut flipped = stream.clone();
     let at = flipped.len() / 3;

@@ -36,7 +36,7 @@ fn cfg(policy: Policy) -> MigrationConfig {
     let mut c = MigrationConfig::new(policy);
     c.hash_threads = 2;
     c.step_every_batches = 16;
-    c.max_drain = 1;
+    c.max_drain = gmig_core::migration::Drain::workloads(1);
     c.timeout = Duration::from_secs(20);
     c
 }
@@ -297,7 +297,7 @@ fn the_destination_owns_the_vgpu_only_after_commit_and_keeps_a_copy_when_in_doub
     let mut vm = boot(Profile::Desktop, 21, s);
     vm.run_steps(BEFORE).unwrap();
     let mut c = cfg(Policy::StopAndCopy);
-    c.max_drain = 0;
+    c.max_drain = gmig_core::migration::Drain::workloads(0);
     let (stream, vm) = record_stream(vm, &c).unwrap();
     let mut c = cfg(Policy::StopAndCopy);
     c.timeout = Duration::from_millis(500);
@@ -409,7 +409,10 @@ impl MigratableVm for TooSmall {
             other => other,
         }
     }
-    fn quiesce(&mut self, max_drain: usize) -> Result<usize, gmig_core::migration::VmError> {
+    fn quiesce(
+        &mut self,
+        max_drain: gmig_core::migration::Drain,
+    ) -> Result<usize, gmig_core::migration::VmError> {
         self.vm.quiesce(max_drain)
     }
     fn unquiesce(&mut self) -> Result<(), gmig_core::migration::VmError> {

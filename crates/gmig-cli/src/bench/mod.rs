@@ -123,12 +123,15 @@ pub struct BenchCase {
     /// One-shot-narrow's overlapped verification (on by default).
     pub verify_before_stop: bool,
     /// Queued workloads the stop lets finish (`None`: the engine's default).
-    pub max_drain: Option<usize>,
+    pub max_drain: Option<gmig_core::migration::Drain>,
     /// Back every guest page with its own memory before the migration (read a byte of each page
     /// and write it back: contents unchanged). A fresh mapping reads its untouched pages from
     /// one shared zero page, which sits in cache and flatters both hashing and the read probe;
     /// a real guest's RAM is populated.
     pub touch_memory: bool,
+    /// Commands of each frame the engines run as soon as it is submitted
+    /// ([`VgpuVm::with_gpu_ahead`]): with it a stop finds a workload part-way.
+    pub gpu_ahead: u64,
 }
 
 /// The share of a vGPU type's graphics memory the bench guest keeps resident (mapped and filled,
@@ -163,6 +166,7 @@ impl BenchCase {
             verify_before_stop: true,
             max_drain: None,
             touch_memory: true,
+            gpu_ahead: 0,
         }
     }
 
@@ -359,8 +363,8 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;
     cfg.verify_before_stop = case.verify_before_stop;
-    if let Some(n) = case.max_drain {
-        cfg.max_drain = n;
+    if let Some(d) = case.max_drain {
+        cfg.max_drain = d;
     }
     cfg
 }
@@ -406,7 +410,8 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
     let t_setup = Instant::now();
     let (s, d) = host_slices(case.ty)?;
     let ram = case.guest_bytes();
-    let mut vm = VgpuVm::boot(case.ty, s, ram, case.profile, case.workload, case.seed)?;
+    let mut vm = VgpuVm::boot(case.ty, s, ram, case.profile, case.workload, case.seed)?
+        .with_gpu_ahead(case.gpu_ahead);
     vm.run_steps(case.warmup_steps)?;
     if case.touch_memory {
         touch_every_page(vm.memory())?;

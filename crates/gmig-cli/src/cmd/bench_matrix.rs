@@ -100,8 +100,9 @@ pub(crate) struct Matrix {
     pub(crate) switchover_ack: bool,
     pub(crate) verify_before_stop: bool,
     /// Queued workloads the stop lets finish (`None`: the engine's default).
-    pub(crate) max_drain: Option<usize>,
+    pub(crate) max_drain: Option<gmig_core::migration::Drain>,
     pub(crate) touch_memory: bool,
+    pub(crate) gpu_ahead: u64,
     /// Source and destination on disjoint CPUs (`--source-cpus`, `--dest-cpus`).
     pub(crate) pinning: Option<Pinning>,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
@@ -175,8 +176,19 @@ impl Matrix {
             resolution: c.resolution.as_deref().map(parse_resolution).transpose()?,
             switchover_ack: !c.no_switchover_ack,
             verify_before_stop: !c.no_verify_before_stop,
-            max_drain: c.max_drain,
+            max_drain: match (c.max_drain, c.max_drain_ms) {
+                (None, None) => None,
+                (n, ms) => Some(crate::cli::drain(
+                    n,
+                    ms,
+                    gmig_core::migration::MigrationConfig::new(
+                        gmig_core::migration::Policy::OneShotNarrow,
+                    )
+                    .max_drain,
+                )?),
+            },
             touch_memory: !c.untouched_memory,
+            gpu_ahead: c.gpu_ahead,
             pinning,
             extra: Vec::new(),
         })
@@ -216,6 +228,7 @@ impl Matrix {
         c.verify_before_stop = self.verify_before_stop;
         c.max_drain = self.max_drain;
         c.touch_memory = self.touch_memory;
+        c.gpu_ahead = self.gpu_ahead;
         c.pinning = self.pinning;
         if self.small_workload {
             c.workload = WorkloadConfig::small();
@@ -256,6 +269,12 @@ pub struct Row {
     /// Queued workloads the stop may let finish on the source.
     #[serde(default)]
     pub max_drain: usize,
+    /// The drain's time bound (`--max-drain-ms`), if it had one.
+    #[serde(default)]
+    pub max_drain_ms: Option<f64>,
+    /// Commands of each frame the engines ran on submission (`--gpu-ahead`).
+    #[serde(default)]
+    pub gpu_ahead: u64,
     /// The guest's frame phase in each repetition (`bench::frame_phase`): where its
     /// frames fall among the pre-copy batches.
     #[serde(default)]
@@ -384,7 +403,12 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         reps: samples.len(),
         switchover_ack: case.switchover_ack,
         verify_before_stop: case.verify_before_stop,
-        max_drain: migration_config(case).max_drain,
+        max_drain: migration_config(case).max_drain.workloads,
+        max_drain_ms: migration_config(case)
+            .max_drain
+            .time
+            .map(|t| t.as_secs_f64() * 1e3),
+        gpu_ahead: case.gpu_ahead,
         frame_phases: (0..samples.len())
             .map(|r| frame_phase(r, samples.len(), case.step_every_batches))
             .collect(),

@@ -128,14 +128,14 @@ pub fn print_human(r: &ScenarioReport) {
     );
 }
 
-fn engine_cfg(args: &MigrateArgs) -> MigrationConfig {
+fn engine_cfg(args: &MigrateArgs) -> anyhow::Result<MigrationConfig> {
     let mut cfg = MigrationConfig::new(policy_of(args.policy));
-    cfg.max_drain = args.max_drain;
+    cfg.max_drain = crate::cli::drain(Some(args.max_drain), args.max_drain_ms, cfg.max_drain)?;
     cfg.step_every_batches = 8;
     if let Ok(t) = args.hand_over.timeout() {
         cfg.timeout = t;
     }
-    cfg
+    Ok(cfg)
 }
 
 fn vgpu_type(args: &MigrateArgs) -> anyhow::Result<VgpuType> {
@@ -203,7 +203,7 @@ fn save_checkpoint(
         .unwrap_or_else(|| format!("gmig-in-doubt-{role}-{}.gmig", std::process::id()).into());
     let mut cfg = MigrationConfig::new(Policy::StopAndCopy);
     // The copy is already stopped and drained as far as the migration drained it: save it as is.
-    cfg.max_drain = 0;
+    cfg.max_drain = gmig_core::migration::Drain::CARRY;
     let (bytes, _) = record_stream(vm, &cfg).context("encoding the stopped vGPU")?;
     let tmp = path.with_extension("partial");
     let write = || -> std::io::Result<()> {
@@ -265,7 +265,7 @@ fn destination(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Fail
     }
     let conn = listener.accept().context("accepting")?;
     let factory = VgpuFactory::new(gmig_cmdparser::Gen::Gen9, ty, slices, args.ram_mib << 20);
-    let (mut vm, rep) = match receive_migration(factory, conn, &engine_cfg(args)) {
+    let (mut vm, rep) = match receive_migration(factory, conn, &engine_cfg(args)?) {
         Ok(Incoming::Running(vm, rep)) => (vm, rep),
         Ok(Incoming::InDoubt { vm, error }) => {
             return Err(in_doubt(
@@ -349,7 +349,7 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
         Some(g) => Box::new(Throttled::new(conn, g).context("link speed")?),
         None => conn,
     };
-    let cfg = engine_cfg(args);
+    let cfg = engine_cfg(args)?;
     let mut handle = source_handle(vm, &cfg).context("migration handle")?;
     let (bar, mut progress) = progress_bar(json);
     let result = migrate_source(&mut handle, conn, &cfg, &mut progress);
@@ -418,7 +418,7 @@ fn resume(args: &MigrateArgs, path: &std::path::Path, json: bool) -> Result<(), 
     let mut pm = PartitionManager::new(HostConfig::default()).context("host")?;
     let (_, slices) = pm.place(ty).context("placing the vGPU")?;
     let factory = VgpuFactory::new(gmig_cmdparser::Gen::Gen9, ty, slices, args.ram_mib << 20);
-    let mut vm = restore_stream(factory, &bytes, &engine_cfg(args))
+    let mut vm = restore_stream(factory, &bytes, &engine_cfg(args)?)
         .with_context(|| format!("resuming from {}", path.display()))?;
     let owned = finish_owned(&mut vm);
     if json {

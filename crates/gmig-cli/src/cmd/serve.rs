@@ -53,11 +53,11 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         gpu_pace: args.profile.is_none().then_some(GUEST_GPU_PACE),
         ram_by_vmm: args.ram_by_vmm,
         remap: !args.x_no_remap,
-        max_drain: args.max_drain.unwrap_or(if args.profile.is_some() {
-            MigrationConfig::new(Policy::OneShotNarrow).max_drain
-        } else {
-            0
-        }),
+        max_drain: crate::cli::drain(
+            args.max_drain,
+            args.max_drain_ms,
+            MigrationConfig::new(Policy::OneShotNarrow).max_drain,
+        )?,
     };
     event(
         json,

@@ -194,8 +194,9 @@ pub type Result<T> = std::result::Result<T, MigrationError>;
 pub struct MigrationConfig {
     /// The policy.
     pub policy: Policy,
-    /// In-flight workloads allowed to finish after the stop (the rest is carried across).
-    pub max_drain: usize,
+    /// What of the in-flight work the stop lets finish; the rest is preempted at a command
+    /// boundary and carried across. Default [`super::Drain::CARRY`]: nothing runs in the downtime.
+    pub max_drain: super::Drain,
     /// Pages per page batch.
     pub batch_pages: usize,
     /// Run one workload step after every this many pre-copy batches (0: never).
@@ -228,13 +229,13 @@ pub struct MigrationConfig {
 }
 
 impl MigrationConfig {
-    /// Defaults for `policy`: drain at most 2 workloads, 256-page batches, one workload step per
+    /// Defaults for `policy`: carry the in-flight work (no drain), 256-page batches, one workload step per
     /// batch, iterative up to 8 rounds or 64 pages, [`hash_threads_leaving`]`(1)` threads hashing,
     /// 30 s timeouts, switch-over acknowledgement on.
     pub fn new(policy: Policy) -> Self {
         Self {
             policy,
-            max_drain: 2,
+            max_drain: super::Drain::CARRY,
             batch_pages: 256,
             step_every_batches: 1,
             step_phase: 0,

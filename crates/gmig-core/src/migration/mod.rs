@@ -42,7 +42,7 @@ pub use engine::{
 };
 pub use source::{SourceDevice, SourceStats};
 pub use vm::{
-    decode_state, encode_state, Candidates, DrainWrites, MigratableVm, RestoreTimes, VmError,
-    VmFactory,
+    decode_state, encode_state, Candidates, Drain, DrainWrites, MigratableVm, RestoreTimes,
+    VmError, VmFactory,
 };
 pub use vm_device::{SaveSettings, VmDevice};

@@ -60,7 +60,7 @@ pub struct SourceStats {
 pub struct SourceDevice<V: MigratableVm> {
     vm: V,
     policy: Policy,
-    max_drain: usize,
+    max_drain: super::Drain,
     batch_pages: usize,
     hasher: Arc<Hasher>,
     phase: Phase,
@@ -100,12 +100,12 @@ impl<V: MigratableVm> std::fmt::Debug for SourceDevice<V> {
 }
 
 impl<V: MigratableVm> SourceDevice<V> {
-    /// Wrap a running VM. `max_drain` bounds the in-flight workloads allowed to finish after the
-    /// stop; `batch_pages` is the page-batch size; `hash_threads` the hashers (0: one per core).
+    /// Wrap a running VM. `max_drain` bounds the in-flight work allowed to finish after the
+    /// stop (the rest is preempted and carried); `batch_pages` is the page-batch size; `hash_threads` the hashers (0: one per core).
     pub fn new(
         vm: V,
         policy: Policy,
-        max_drain: usize,
+        max_drain: super::Drain,
         batch_pages: usize,
         hash_threads: usize,
     ) -> Result<Self, DeviceError> {
@@ -123,7 +123,7 @@ impl<V: MigratableVm> SourceDevice<V> {
     pub fn with_hasher(
         vm: V,
         policy: Policy,
-        max_drain: usize,
+        max_drain: super::Drain,
         batch_pages: usize,
         hasher: Arc<Hasher>,
     ) -> Self {
@@ -369,7 +369,7 @@ impl<V: MigratableVm> SourceDevice<V> {
         if self.quiesced {
             0
         } else {
-            self.max_drain
+            self.max_drain.workloads
         }
     }
 

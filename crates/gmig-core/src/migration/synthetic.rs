@@ -299,10 +299,11 @@ impl MigratableVm for SyntheticVm {
         }
     }
 
-    fn quiesce(&mut self, max_drain: usize) -> Result<usize, VmError> {
+    fn quiesce(&mut self, drain: super::Drain) -> Result<usize, VmError> {
+        // Synthetic commands are atomic: only the count bounds this drain.
         self.engine.accepting = false;
         let mut n = 0;
-        while n < max_drain && self.execute_one()? {
+        while n < drain.workloads && self.execute_one()? {
             n += 1;
         }
         Ok(n)

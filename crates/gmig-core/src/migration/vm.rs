@@ -14,6 +14,34 @@ pub enum Candidates {
     Unknown,
 }
 
+/// How much of the work a device has dispatched a stop lets finish before it preempts the rest
+/// at a command boundary ([`MigratableVm::quiesce`]). What does not finish (the preempted
+/// workload with its position, the queued ones) travels in the device state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Drain {
+    /// Workloads that may complete (0: preempt at once and carry everything, the default).
+    pub workloads: usize,
+    /// Time the drain may take: when it runs out the running workload is preempted at the next
+    /// command boundary (`None`: bounded by `workloads` only).
+    pub time: Option<std::time::Duration>,
+}
+
+impl Drain {
+    /// Nothing runs: the running workload is preempted where it stands and everything travels.
+    pub const CARRY: Drain = Drain {
+        workloads: 0,
+        time: None,
+    };
+
+    /// At most `workloads` complete, with no time bound.
+    pub fn workloads(workloads: usize) -> Drain {
+        Drain {
+            workloads,
+            time: None,
+        }
+    }
+}
+
 /// What a stop's drain may write ([`MigratableVm::drain_writes`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrainWrites {
@@ -59,9 +87,10 @@ pub trait MigratableVm: Send {
     fn stop_write_tracking(&mut self);
     /// The candidate set since `start_write_tracking`.
     fn write_candidates(&mut self) -> Candidates;
-    /// Stop accepting submissions and let at most `max_drain` in-flight workloads finish; the
-    /// rest stays queued (and is carried in the device state). Returns how many finished.
-    fn quiesce(&mut self, max_drain: usize) -> std::result::Result<usize, VmError>;
+    /// Stop accepting submissions and let what `drain` allows of the in-flight work finish,
+    /// preempting the rest at a command boundary; it stays queued (and is carried in the device
+    /// state). Returns how many workloads finished.
+    fn quiesce(&mut self, drain: Drain) -> std::result::Result<usize, VmError>;
     /// What the first `max_drain` queued workloads may write (a stop lets a drain run them),
     /// for the MIG_DATA_SIZE estimate; `None` when that cannot be said, which makes the estimate
     /// count every sent page as rewritten. The default is `None`.

@@ -46,8 +46,8 @@ use gmig_vfio_migration::{
 pub struct SaveSettings {
     /// Migration policy (what pre-copy and stop-copy send).
     pub policy: Policy,
-    /// In-flight workloads a stop lets finish.
-    pub max_drain: usize,
+    /// What of the in-flight work a stop lets finish.
+    pub max_drain: super::Drain,
     /// Pages per page batch.
     pub batch_pages: usize,
     /// Hashing threads (0: one per core). Hand-overs from several threads interleave, so only

@@ -124,26 +124,89 @@ pub struct Execution {
     pub interrupt: bool,
     /// Why execution stopped early (a memory fault), if it did.
     pub fault: Option<String>,
+    /// Where the span's limit stopped the workload part-way (the next command), if it did.
+    pub next: Option<usize>,
+}
+
+/// The engine's state inside a running workload: what a context save keeps besides the ring
+/// head and batch position (the indirect state the commands so far set, the pipeline values the
+/// work model uses), at the boundary before `commands[next]` of workload `seq`.
+#[derive(Clone, Debug)]
+pub struct RunState {
+    seq: u64,
+    next: usize,
+    indirect: gmig_cmdparser::IndirectState,
+    pipe: PipeState,
+}
+
+/// How far one call of [`execute_span`] may go.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    /// Commands it may run.
+    pub commands: u64,
+    /// When it must stop, at the next command boundary.
+    pub deadline: Option<std::time::Instant>,
+}
+
+impl Limit {
+    /// To the end of the workload.
+    pub const ALL: Limit = Limit {
+        commands: u64::MAX,
+        deadline: None,
+    };
 }
 
 /// Executes `w`'s commands against guest memory through `view` (the host addressing the
 /// workload runs in), starting at engine clock `clock`.
 pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Execution {
+    execute_span(gen, view, w, None, Limit::ALL, clock).0
+}
+
+/// Executes `w` from its next command ([`Workload::next_command`]) until it ends, faults or
+/// `limit` stops it at a command boundary ([`Execution::next`] then says where). `state` is the
+/// engine's state where the last span stopped; without it (after a restore, on another host)
+/// the engine rebuilds it by replaying the state the commands already run set, writing
+/// nothing, as a context restore would load it. Returns the state to continue with when the
+/// workload stopped part-way.
+pub fn execute_span(
+    gen: Gen,
+    view: GpuView<'_>,
+    w: &Workload,
+    state: Option<RunState>,
+    limit: Limit,
+    clock: u64,
+) -> (Execution, Option<RunState>) {
+    let from = w.next_command().min(w.commands.len());
+    let (indirect, mut pipe) = match state {
+        Some(s) if s.seq == w.seq && s.next == from => (s.indirect, s.pipe),
+        _ => replay(gen, &view, w, from),
+    };
     let mut effects = Vec::new();
-    let mut pipe = PipeState::default();
     let mut out = Execution {
         clock,
         ..Execution::default()
     };
     let mut written = Vec::new();
     let mut candidate = Vec::new();
+    let mut at = from;
+    let kept;
     {
         let mut ctx = Ctx {
             view,
             written: Vec::new(),
         };
-        let mut sets = crate::shadow::WriteSets::new(gen, &view, &mut candidate);
-        for cmd in &w.commands {
+        let mut sets = crate::shadow::WriteSets::resume(indirect, &mut candidate);
+        for cmd in &w.commands[from..] {
+            let ran = (at - from) as u64;
+            if ran > 0
+                && (ran >= limit.commands
+                    || limit
+                        .deadline
+                        .is_some_and(|d| std::time::Instant::now() >= d))
+            {
+                out.next = Some(at);
+                break;
+            }
             let (name, footprint) = crate::shadow::log_write_set(
                 gen,
                 w.engine,
@@ -158,6 +221,7 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
                 footprint: footprint.as_ref(),
                 clock: out.clock,
             };
+            at += 1;
             match run_command(&mut ctx, &mut pipe, cmd, work, &mut effects) {
                 Ok(Outcome::Executed) => out.executed += 1,
                 Ok(Outcome::Skipped(name)) => out.skipped.push(name),
@@ -170,6 +234,7 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
                 }
             }
         }
+        kept = sets.state.clone();
         if sets.close(&view) {
             out.log.reach_workloads += 1;
         }
@@ -189,7 +254,34 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
             SideEffect::Interrupt => out.interrupt = true,
         }
     }
-    out
+    let state = out.next.map(|next| RunState {
+        seq: w.seq,
+        next,
+        indirect: kept,
+        pipe,
+    });
+    (out, state)
+}
+
+/// The engine's state before `w.commands[upto]`, rebuilt from the commands before it: the
+/// indirect state they set and the pipeline values, nothing written.
+fn replay(
+    gen: Gen,
+    view: &GpuView<'_>,
+    w: &Workload,
+    upto: usize,
+) -> (gmig_cmdparser::IndirectState, PipeState) {
+    let mut pipe = PipeState::default();
+    let mut scratch = Vec::new();
+    let mut log = WriteLog::default();
+    let mut sets = crate::shadow::WriteSets::new(gen, view, &mut scratch);
+    for cmd in &w.commands[..upto] {
+        let (name, _) = crate::shadow::log_write_set(gen, w.engine, cmd, view, &mut log, &mut sets);
+        if name == "3DSTATE_CLEAR_PARAMS" {
+            pipe.depth_clear = dw(cmd, 1);
+        }
+    }
+    (sets.state, pipe)
 }
 
 enum Outcome {

@@ -38,6 +38,7 @@ fn run(v: &mut Vgpu, engine: EngineId, cmds: Vec<Vec<u32>>) {
                 dwords,
             })
             .collect(),
+        preempted: None,
     };
     v.execute(&w);
 }
