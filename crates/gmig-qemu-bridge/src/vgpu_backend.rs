@@ -64,6 +64,9 @@ pub struct VgpuSpec {
     /// (`SaveSettings::max_drain`); the rest is preempted at a command boundary, travels in the
     /// vGPU's state and resumes on the destination.
     pub max_drain: gmig_core::migration::Drain,
+    /// With a guest-driver model: commands of each frame the GPU runs as the model submits it
+    /// (`VgpuVm::with_gpu_ahead`), so that a stop finds a workload part-way and carries it.
+    pub gpu_ahead: u64,
 }
 
 impl VgpuSpec {
@@ -89,6 +92,7 @@ impl VgpuSpec {
             ram_by_vmm,
             remap: true,
             max_drain: gmig_core::migration::Drain::CARRY,
+            gpu_ahead: 0,
         })
     }
 }
@@ -164,7 +168,7 @@ impl VgpuBackend {
     fn fresh_vm(&self, mem: &GuestMemoryMmap) -> Option<VgpuVm> {
         let s = &self.spec;
         let mut vm = match VgpuVm::on_memory(s.ty, s.slices, mem.clone()) {
-            Ok(vm) => vm.with_ram_by_vmm(s.ram_by_vmm),
+            Ok(vm) => vm.with_ram_by_vmm(s.ram_by_vmm).with_gpu_ahead(s.gpu_ahead),
             Err(e) => {
                 tracing::warn!(%e, "no vGPU on the mapped memory");
                 return None;

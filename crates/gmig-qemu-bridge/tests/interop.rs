@@ -37,6 +37,7 @@ fn the_rust_vmm_vfio_user_client_attaches_to_the_served_vgpu() {
             gmig_core::migration::Policy::OneShotNarrow,
         )
         .max_drain,
+        gpu_ahead: 0,
     };
     let server = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

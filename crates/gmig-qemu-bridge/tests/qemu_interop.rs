@@ -66,6 +66,7 @@ fn spawn_with(
         ram_by_vmm: true,
         remap: true,
         max_drain: gmig_core::migration::Drain::CARRY,
+        gpu_ahead: 0,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

@@ -23,9 +23,14 @@ const RAM: u64 = 32 << 20;
 const TY: VgpuType = VgpuType::V5_8;
 const SEED: u64 = 17;
 
-/// A vfio-user server for a vGPU on `slices`, with the guest-driver model `profile` (a source) or
-/// none (a destination), restoring with remapping on or (negative controls) off. Its stop lets no
-/// queued workload run (`max_drain` 0): what the guest queued travels and runs on the destination.
+/// Commands of each frame the source's GPU runs as the guest submits it: the desktop's first
+/// workload has more, so the stop finds it part-way.
+const GPU_AHEAD: u64 = 3;
+
+/// A vfio-user server for a vGPU on `slices`, with the guest-driver model `profile` (a source,
+/// its GPU [`GPU_AHEAD`] commands into each frame) or none (a destination), restoring with
+/// remapping on or (negative controls) off. Its stop runs nothing (`Drain::CARRY`): the workload
+/// part-way is preempted and travels with the queued ones; the destination resumes it.
 fn spawn(
     slices: VgpuSlices,
     profile: Option<Profile>,
@@ -44,6 +49,7 @@ fn spawn(
         ram_by_vmm: false,
         remap,
         max_drain: gmig_core::migration::Drain::CARRY,
+        gpu_ahead: if profile.is_some() { GPU_AHEAD } else { 0 },
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));
@@ -150,6 +156,8 @@ fn migrate_between_servers(remap: bool) -> Migrated {
 struct AfterSwitchOver {
     /// Workloads queued in the restored vGPU (carried by the stream).
     carried: usize,
+    /// The carried workload the source's GPU had run part-way, and its next command.
+    preempted: Option<(u64, u32)>,
     /// Of them, how many `run_queued` ran.
     carried_run: usize,
     /// Workloads the destination completed after the restore (carried ones and the frames run
@@ -164,12 +172,14 @@ fn continue_on_destination(m: &mut Migrated) -> AfterSwitchOver {
     let moved = m.dest.vm_mut().unwrap();
     let at_restore = moved.vgpu().stats().workloads;
     let carried = moved.vgpu().queued();
+    let preempted = moved.vgpu().preempted();
     let carried_run = moved.run_queued();
     moved.attach_driver(driver);
     moved.run_steps(FRAMES_AFTER).unwrap();
     moved.finish().unwrap();
     AfterSwitchOver {
         carried,
+        preempted,
         carried_run,
         workloads: moved.vgpu().stats().workloads - at_restore,
     }
@@ -208,6 +218,13 @@ fn two_servers_migrate_a_running_vgpu_and_the_destination_equals_an_unmigrated_r
     assert_eq!(
         after.carried, 2,
         "the stop carried the last frame's workloads"
+    );
+    // The first of them the source's GPU had begun: it travelled preempted, and resumed at the
+    // command where the source stopped.
+    assert_eq!(
+        after.preempted.map(|(_, next)| next),
+        Some(GPU_AHEAD as u32),
+        "the stop preempted the running workload"
     );
     assert_eq!(after.carried_run, after.carried);
     // Two carried, then two a frame.

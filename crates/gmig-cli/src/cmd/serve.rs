@@ -58,6 +58,7 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
             args.max_drain_ms,
             MigrationConfig::new(Policy::OneShotNarrow).max_drain,
         )?,
+        gpu_ahead: 0,
     };
     event(
         json,
