@@ -279,6 +279,11 @@ pub struct MigrateArgs {
     /// at the next command boundary and carried.
     #[arg(long, value_name = "MS")]
     pub max_drain_ms: Option<f64>,
+    /// Source: commands of each frame the GPU runs as the guest submits it, so that the stop
+    /// finds a workload part-way, preempts it and carries it (0: the frame waits for the next
+    /// step).
+    #[arg(long, default_value_t = 0)]
+    pub gpu_ahead: u64,
 }
 
 #[derive(Debug, Args)]

@@ -132,11 +132,17 @@ fn reference_digest(frames: u64) -> String {
 
 #[test]
 fn migrate_between_two_processes() {
-    // The stop lets no queued workload finish on the source: the last frame's two (a client and a
-    // compositor batch) travel, and the destination, on other slices (it places a neighbour
-    // first), must run them after the switch-over.
+    // The stop lets no workload finish on the source: the last frame's two (a client and a
+    // compositor batch) travel, the first preempted 3 commands in (the source's GPU runs that
+    // much of each frame as it is submitted), and the destination, on other slices (it places a
+    // neighbour first), must resume it there and run the other after the switch-over.
     let addr = format!("127.0.0.1:{}", free_port());
-    let (src, dst) = pair_at(&addr, "64+384", "one-shot-narrow", &["--max-drain", "0"]);
+    let (src, dst) = pair_at(
+        &addr,
+        "64+384",
+        "one-shot-narrow",
+        &["--max-drain", "0", "--gpu-ahead", "3"],
+    );
     assert_success(&src);
     assert_success(&dst);
     let s = json(&src.stdout);
@@ -158,6 +164,7 @@ fn migrate_between_two_processes() {
     // (a workload with stale graphics addresses would be refused, and fault)...
     assert_eq!(s["drained_workloads"], 0, "{s}");
     assert_eq!(d["carried_workloads_run"], 2, "{d}");
+    assert_eq!(d["carried_preempted_at"], 3, "{d}");
     assert_eq!(d["gpu_faults"], 0, "{d}");
     assert_ne!(d["slices"][0], source_slices()[0], "the vGPU moved: {d}");
     // ...and ended with what the same guest has unmigrated: what those workloads wrote included.

@@ -178,9 +178,12 @@ fn endpoint(s: &str) -> anyhow::Result<Endpoint> {
 /// guest-visible state (registers, GGTT, faults, guest RAM) so that a migrated, a rolled-back and
 /// a resumed vGPU can be checked against a reference computed elsewhere.
 fn finish_owned(vm: &mut VgpuVm) -> serde_json::Map<String, serde_json::Value> {
+    // The carried workload the source's GPU had begun resumes at the command it stopped at.
+    let preempted = vm.vgpu().preempted().map(|(_, next)| next);
     let ran = vm.run_queued();
     let mut m = serde_json::Map::new();
     m.insert("carried_workloads_run".into(), ran.into());
+    m.insert("carried_preempted_at".into(), preempted.into());
     m.insert("gpu_faults".into(), vm.vgpu().faults().len().into());
     m.insert(
         "state_digest".into(),
@@ -330,7 +333,8 @@ fn source(args: &MigrateArgs, ep: &Endpoint, json: bool) -> Result<(), Failure> 
         WorkloadConfig::default(),
         args.seed,
     )
-    .context("booting the guest")?;
+    .context("booting the guest")?
+    .with_gpu_ahead(args.gpu_ahead);
     vm.run_steps(args.frames_before)
         .context("running the guest")?;
     // The destination may still be starting: retry a refused connection for a few seconds.
