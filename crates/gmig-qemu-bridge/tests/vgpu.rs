@@ -294,3 +294,38 @@ fn without_remapping_the_served_destination_faults_and_differs() {
         "and the writes they were meant to do are missing: {diff:?}"
     );
 }
+
+/// A device reset (QEMU resets the device when a VM starts) puts the engines back to power-on:
+/// ELSP writes a killed guest left half-way do not merge with the next guest's submission. The
+/// control without the reset shows they would: the leftover half and the next guest's first
+/// half make a submission of a context outside the vGPU, which faults.
+#[test]
+fn a_device_reset_clears_an_elsp_submission_left_half_written() {
+    let elsp = u64::from(mmio::EngineId::Blitter.mmio_base() + mmio::ring::ELSP);
+    for reset in [true, false] {
+        let (s, _) = gmig_test_support::moved_slices(TY);
+        let (path, server, _dir) = spawn(s, None, true);
+        let (mut c, _ram) = attach(&path);
+        // The dead guest's half: element 1 of a submission, empty.
+        for w in [0u32, 0] {
+            c.region_write(0, elsp, &w.to_le_bytes()).unwrap();
+        }
+        if reset {
+            c.reset().unwrap();
+        }
+        // The next guest's submission: element 1 names context 5 at GGTT 0x1000 (outside the
+        // vGPU), element 0 is empty, so nothing runs. Merged with the leftover half, that
+        // context would land in element 0 and be submitted.
+        for w in [5u32, 0x1000 | 1, 0, 0] {
+            c.region_write(0, elsp, &w.to_le_bytes()).unwrap();
+        }
+        drop(c);
+        let backend = server.join().unwrap();
+        let faults = backend.vm().unwrap().vgpu().faults().len();
+        if reset {
+            assert_eq!(faults, 0, "after the reset the submission stands alone");
+        } else {
+            assert_eq!(faults, 1, "control: the halves merge into a bad context");
+        }
+    }
+}

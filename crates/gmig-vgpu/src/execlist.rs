@@ -237,6 +237,12 @@ impl Vgpu {
     }
 
     /// `GEN6_GDRST` written with `domains`: each engine in them is reset at once.
+    /// A device (function-level) reset of every engine: queued work dropped, execlists and
+    /// half-written ELSP submissions cleared, ring and CSB registers at their reset values.
+    pub fn reset_engines(&mut self) {
+        self.graphics_reset(GRDOM_FULL);
+    }
+
     pub(crate) fn graphics_reset(&mut self, domains: u32) {
         for e in EngineId::ALL {
             let bit = match e {
