@@ -365,6 +365,11 @@ pub struct BenchCommonArgs {
     /// (to measure what the verification saves).
     #[arg(long)]
     pub no_verify_before_stop: bool,
+    /// Most overlapped verifications before the stop (one-shot-narrow): it verifies again while
+    /// the last one found more than a round's worth of pages changed (default: the engine's, 8;
+    /// 1: a single verification).
+    #[arg(long)]
+    pub verify_rounds: Option<u32>,
     /// Dispatched workloads the stop lets finish on the source (the rest is preempted at a
     /// command boundary, travels in the stream and resumes on the destination); default: the
     /// engine's (`MigrationConfig::max_drain`: 0, carry everything). What the drained workloads

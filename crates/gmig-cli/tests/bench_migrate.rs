@@ -86,6 +86,12 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         assert_eq!(u(r, "vgpu_mib"), 448);
         assert_eq!(u(r, "guest_mib"), 24);
         assert_eq!(u(r, "max_drain"), 0, "the engine's default: carry: {r}");
+        if r["policy"] == "one-shot-narrow" {
+            let v = u(r, "verify_rounds");
+            assert!((1..=8).contains(&v), "{r}");
+        } else {
+            assert_eq!(u(r, "verify_rounds"), 0, "{r}");
+        }
         assert_eq!(u(r, "drained_workloads"), 0, "{r}");
         // The GPU's working set: some frames, never more than guest RAM has.
         let gtt = u(r, "gtt_backed_pages");
@@ -197,7 +203,7 @@ fn tiny_matrix_json_is_complete_and_consistent() {
 
 /// `--max-drain` and `--max-drain-ms` reach the engine: two workloads may finish, but with no
 /// time for it the stop completes none (it preempts at once); without the time bound it
-/// completes some. `--gpu-ahead` runs part of each frame on submission, so the stop finds work
+/// completes some. `--verify-rounds 1` verifies once. `--gpu-ahead` runs part of each frame on submission, so the stop finds work
 /// part-way.
 #[test]
 fn max_drain_and_its_time_bound_reach_the_engine() {
@@ -224,8 +230,16 @@ fn max_drain_and_its_time_bound_reach_the_engine() {
         assert_eq!(u(&rows[0], "gpu_ahead"), 3, "{v}");
         rows[0].clone()
     };
-    let bounded = run(&["--max-drain", "2", "--max-drain-ms", "0"]);
+    let bounded = run(&[
+        "--max-drain",
+        "2",
+        "--max-drain-ms",
+        "0",
+        "--verify-rounds",
+        "1",
+    ]);
     assert_eq!(u(&bounded, "max_drain"), 2, "{bounded}");
+    assert_eq!(u(&bounded, "verify_rounds"), 1, "{bounded}");
     assert_eq!(bounded["max_drain_ms"], 0.0, "{bounded}");
     assert_eq!(u(&bounded, "drained_workloads"), 0, "{bounded}");
     let drained = run(&["--max-drain", "2"]);

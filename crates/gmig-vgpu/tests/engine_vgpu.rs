@@ -53,16 +53,25 @@ fn differential(
     policy: Policy,
     remap: bool,
 ) -> (MigrationReport, bool) {
+    differential_with(profile, seed, &cfg(policy), remap)
+}
+
+/// [`differential`] with the engine configured by `c`.
+fn differential_with(
+    profile: Profile,
+    seed: u64,
+    c: &MigrationConfig,
+    remap: bool,
+) -> (MigrationReport, bool) {
     let (s, d) = slices();
     let mut vm = boot(profile, seed, s);
     vm.run_steps(BEFORE).unwrap();
-    let c = cfg(policy);
     let c2 = c.clone();
     let (a, b) = tcp_pair();
     let f = factory(d, remap);
     let dest = thread::spawn(move || migrate_destination(f, b, &c2));
-    let mut handle = source_handle(vm, &c).unwrap();
-    let report = migrate_source(&mut handle, a, &c, &mut |_| {}).unwrap();
+    let mut handle = source_handle(vm, c).unwrap();
+    let report = migrate_source(&mut handle, a, c, &mut |_| {}).unwrap();
     let mut src = handle.into_device().into_vm();
     let (mut moved, _) = dest.join().unwrap().unwrap();
     moved.attach_driver(src.take_driver().unwrap());
@@ -630,4 +639,44 @@ fn the_source_names_the_frames_the_gpu_can_write_before_the_switch_over() {
         .collect();
     assert!(!want.is_empty());
     assert_eq!(hinted, want);
+}
+
+/// One-shot-narrow verifies again while the last verification found more than a round's worth
+/// of pages changed (a frame landed in the resend before it), so the stop follows a resend in
+/// which the guest wrote little. Over the frame phases, 3d's stop-copy pages with up to 8
+/// verifications are a fraction of those with one, and the guest still ends as an unmigrated
+/// one. The control, one verification, pays a frame's render pass in the stop in some phase.
+#[test]
+fn verifying_until_a_quiet_resend_keeps_frames_out_of_the_stop() {
+    let mut one = Vec::new();
+    let mut converged = Vec::new();
+    for phase in (0..32).step_by(4) {
+        for (rounds, out) in [(1, &mut one), (8, &mut converged)] {
+            let mut c = cfg(Policy::OneShotNarrow);
+            c.max_drain = gmig_core::migration::Drain::CARRY;
+            // Small batches, a frame every 32: a verification's resend (a frame's ~110 pages)
+            // spans about 14 batches, so a frame lands in it in some phases and not in others.
+            c.batch_pages = 8;
+            c.step_every_batches = 32;
+            c.step_phase = phase;
+            c.verify_rounds = rounds;
+            let (r, identical) = differential_with(Profile::ThreeD, 7, &c, true);
+            assert!(identical, "phase {phase}, {rounds} rounds: {r:?}");
+            assert!(r.verify_rounds >= 1 && r.verify_rounds <= rounds, "{r:?}");
+            out.push((r.pages_stop_copy, r.verify_rounds, r.pages_verify_resent));
+        }
+    }
+    let pages = |v: &[(u64, u32, u64)]| v.iter().map(|p| p.0).sum::<u64>();
+    assert!(
+        one.iter().any(|&(p, _, _)| p >= 16),
+        "control: with one verification some phase pays a frame in the stop: {one:?}"
+    );
+    assert!(
+        converged.iter().any(|&(_, r, _)| r > 1),
+        "some phase verified again: {converged:?}"
+    );
+    assert!(
+        pages(&converged) * 4 <= pages(&one),
+        "converging verification: {converged:?} against one verification: {one:?}"
+    );
 }

@@ -122,6 +122,8 @@ pub struct BenchCase {
     pub switchover_ack: bool,
     /// One-shot-narrow's overlapped verification (on by default).
     pub verify_before_stop: bool,
+    /// Most overlapped verifications (`None`: the engine's default).
+    pub verify_rounds: Option<u32>,
     /// Queued workloads the stop lets finish (`None`: the engine's default).
     pub max_drain: Option<gmig_core::migration::Drain>,
     /// Back every guest page with its own memory before the migration (read a byte of each page
@@ -164,6 +166,7 @@ impl BenchCase {
             ram_bytes: None,
             switchover_ack: true,
             verify_before_stop: true,
+            verify_rounds: None,
             max_drain: None,
             touch_memory: true,
             gpu_ahead: 0,
@@ -363,6 +366,9 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;
     cfg.verify_before_stop = case.verify_before_stop;
+    if let Some(n) = case.verify_rounds {
+        cfg.verify_rounds = n;
+    }
     if let Some(d) = case.max_drain {
         cfg.max_drain = d;
     }

@@ -99,6 +99,7 @@ pub(crate) struct Matrix {
     pub(crate) resolution: Option<(u32, u32)>,
     pub(crate) switchover_ack: bool,
     pub(crate) verify_before_stop: bool,
+    pub(crate) verify_rounds: Option<u32>,
     /// Queued workloads the stop lets finish (`None`: the engine's default).
     pub(crate) max_drain: Option<gmig_core::migration::Drain>,
     pub(crate) touch_memory: bool,
@@ -176,6 +177,7 @@ impl Matrix {
             resolution: c.resolution.as_deref().map(parse_resolution).transpose()?,
             switchover_ack: !c.no_switchover_ack,
             verify_before_stop: !c.no_verify_before_stop,
+            verify_rounds: c.verify_rounds,
             max_drain: match (c.max_drain, c.max_drain_ms) {
                 (None, None) => None,
                 (n, ms) => Some(crate::cli::drain(
@@ -226,6 +228,7 @@ impl Matrix {
         c.ram_bytes = self.ram_mib.map(|m| m << 20);
         c.switchover_ack = self.switchover_ack;
         c.verify_before_stop = self.verify_before_stop;
+        c.verify_rounds = self.verify_rounds;
         c.max_drain = self.max_drain;
         c.touch_memory = self.touch_memory;
         c.gpu_ahead = self.gpu_ahead;
@@ -266,6 +269,9 @@ pub struct Row {
     /// Whether one-shot-narrow verified its candidate set before the stop.
     #[serde(default)]
     pub verify_before_stop: bool,
+    /// Overlapped verifications before the stop (median over the repetitions).
+    #[serde(default)]
+    pub verify_rounds: u64,
     /// Queued workloads the stop may let finish on the source.
     #[serde(default)]
     pub max_drain: usize,
@@ -403,6 +409,7 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         reps: samples.len(),
         switchover_ack: case.switchover_ack,
         verify_before_stop: case.verify_before_stop,
+        verify_rounds: u(|s| u64::from(s.report.verify_rounds)),
         max_drain: migration_config(case).max_drain.workloads,
         max_drain_ms: migration_config(case)
             .max_drain

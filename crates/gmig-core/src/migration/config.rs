@@ -226,6 +226,13 @@ pub struct MigrationConfig {
     /// candidate set gathered so far while the VM still runs, resend what changed, and start a
     /// new set, so that the downtime re-hashes only the pages written after that. On by default.
     pub verify_before_stop: bool,
+    /// Most overlapped verifications before the stop (one-shot-narrow, with
+    /// `verify_before_stop`). After one, while the pages it found changed are more than
+    /// `converge_pages`, the guest wrote that much during the previous resend (a frame landed
+    /// there), and whatever it writes during this resend would be stop-copy data: verify again,
+    /// so that the stop follows a resend in which the guest wrote little. 1: a single
+    /// verification. Default 8.
+    pub verify_rounds: u32,
 }
 
 impl MigrationConfig {
@@ -247,6 +254,7 @@ impl MigrationConfig {
             chunk: 256 * 1024,
             switchover_ack: true,
             verify_before_stop: true,
+            verify_rounds: 8,
         }
     }
 }
@@ -336,6 +344,8 @@ pub struct MigrationReport {
     pub pages_verified: u64,
     /// See `pages_verified`.
     pub pages_verify_resent: u64,
+    /// Overlapped verifications run before the stop.
+    pub verify_rounds: u32,
     /// Whether narrowing widened to every page.
     pub widened: bool,
     /// Bytes written while running.

@@ -194,6 +194,7 @@ fn run_source<V: MigratableVm, C: Connection>(
     let mut switchover_wait = Duration::ZERO;
     let t_stop;
     let bytes_precopy;
+    let mut verifications = 0u32;
     if precopy {
         MigrationTarget::set_state(handle, DeviceState::PreCopy).map_err(dev_err(P::PreCopy))?;
         tracing::debug!(
@@ -203,7 +204,7 @@ fn run_source<V: MigratableVm, C: Connection>(
         );
         handshake(handle, conn, &mut buf)?;
         let mut batches_seen = 0u64;
-        let mut verified = false;
+        let mut last_verified = 0u64;
         loop {
             match MigrationTarget::read_data(handle, &mut buf).map_err(dev_err(P::PreCopy))? {
                 ReadOutcome::Data(n) => {
@@ -242,15 +243,28 @@ fn run_source<V: MigratableVm, C: Connection>(
                             continue;
                         }
                     }
-                    if cfg.policy == Policy::OneShotNarrow && cfg.verify_before_stop && !verified {
-                        verified = true;
+                    // Verify (again) while the last verification found more than a round's worth
+                    // changed: the guest wrote that much during the resend before it, and what
+                    // it writes during this one would be paid in downtime.
+                    let again = verifications == 0 || last_verified > cfg.converge_pages;
+                    if cfg.policy == Policy::OneShotNarrow
+                        && cfg.verify_before_stop
+                        && again
+                        && verifications < cfg.verify_rounds.max(1)
+                    {
+                        verifications += 1;
                         let queued = handle.device_mut().verify_candidates().map_err(|e| {
                             MigrationError::Device {
                                 phase: P::PreCopy,
                                 source: TargetError::Handle(HandleError::Device(e)),
                             }
                         })?;
-                        tracing::debug!(queued, "overlapped verification before the stop");
+                        last_verified = queued;
+                        tracing::debug!(
+                            queued,
+                            verifications,
+                            "overlapped verification before the stop"
+                        );
                         if queued > 0 {
                             continue;
                         }
@@ -359,6 +373,7 @@ fn run_source<V: MigratableVm, C: Connection>(
         pages_rehashed: stats.rehashed,
         pages_verified: stats.verified,
         pages_verify_resent: stats.verify_resent,
+        verify_rounds: verifications,
         widened: stats.widened,
         bytes_precopy,
         bytes_stop_copy: bytes_total - bytes_precopy,
