@@ -365,6 +365,11 @@ impl Machine {
         &mut self.board.gpu
     }
 
+    /// The KVM side and the vGPU at once (the vGPU to be driven from another thread).
+    pub fn split(&mut self) -> (&Vm, &mut GpuPci) {
+        (&self.vm, &mut self.board.gpu)
+    }
+
     /// The vGPU on the bus, shared.
     pub fn gpu_ref(&self) -> &GpuPci {
         &self.board.gpu

@@ -35,8 +35,8 @@ use crate::{Error, Result};
 mod collect;
 mod copier;
 mod wire;
-use collect::collect_dirty;
-use copier::{read_device, send_device, send_pages, Copier, Pages, Round};
+use collect::{collect_dirty, stop_and_send};
+use copier::{read_device, send_device, Copier, Pages, Round};
 use wire::{read_record, Wire, PAGE};
 pub use wire::{Tag, MAGIC, MAX_RECORD, PAGES_PER_RECORD};
 
@@ -80,6 +80,11 @@ pub struct Options {
     /// each round before the vCPU runs again (the guest is paused for every round): the
     /// negative control of the overlap, and the baseline for the guest's largest pause.
     pub overlap: bool,
+    /// In the stop, send the pages KVM's log lists while the vGPU goes to STOP_COPY on another
+    /// thread (then the pages the vGPU's log lists, again where both list them). Off by default:
+    /// KVM's pages then cross while STOP_COPY is in flight, where the fault matrix's relay marks
+    /// the pause.
+    pub overlap_stop: bool,
     /// Negative control of manual protect: pre-copy rounds read KVM's log and never clear it, so
     /// every page written since the migration started stays dirty and goes again in every round
     /// and in the stop. No effect with GET.
@@ -101,6 +106,7 @@ impl Default for Options {
             gpu_dirty: true,
             link_gbps: None,
             overlap: true,
+            overlap_stop: false,
             x_skip_clear: false,
             x_drop_unread: false,
         }
@@ -116,7 +122,8 @@ pub struct Report {
     pub rounds: u32,
     /// Page records sent while the VM ran.
     pub precopy_pages: u64,
-    /// Page records sent while it was paused.
+    /// Page records sent while it was paused (with [`Options::overlap_stop`], a page both logs
+    /// list goes twice).
     pub final_pages: u64,
     /// Of those, pages only the vGPU's DMA log reported (KVM's log did not have them).
     pub final_gpu_only_pages: u64,
@@ -126,9 +133,11 @@ pub struct Report {
     pub device_stop_bytes: u64,
     /// Bytes on the wire.
     pub wire_bytes: u64,
-    /// Downtime phases, ms: the last dirty-log reads and pages,
+    /// Downtime phases, ms, one after the other: the last dirty-log reads and pages (with
+    /// [`Options::overlap_stop`], KVM's beside the vGPU's stop, then the vGPU's),
     pub ram_ms: f64,
-    /// the vGPU's stop (its bounded drain) and stop-copy data,
+    /// the vGPU's stop (its bounded drain; with `overlap_stop`, what KVM's part did not hide)
+    /// and stop-copy data,
     pub vgpu_ms: f64,
     /// the vCPU, COM1 and configuration space,
     pub vcpu_ms: f64,
@@ -149,8 +158,12 @@ pub struct Report {
     pub dirty_log_ms: f64,
     /// Of `dirty_log_ms`: reading KVM's log,
     pub kvm_log_ms: f64,
-    /// and reading the vGPU's DMA log (the rest is joining them).
+    /// and reading the vGPU's DMA log.
     pub gpu_log_ms: f64,
+    /// The vGPU's STOP_COPY transition, ms (part of `vgpu_ms`; with
+    /// [`Options::overlap_stop`] it runs beside KVM's log and pages, and only what they did not
+    /// hide is in `vgpu_ms`).
+    pub vgpu_stop_ms: f64,
     /// How KVM's dirty log was read (GET, or manual protect with `KVM_CLEAR_DIRTY_LOG`).
     pub dirty_log_mode: DirtyLogMode,
     /// Guest exits in the pre-copy stretches that began while a round was being written: the
@@ -331,7 +344,7 @@ fn send_all<S: Read + Write + Send>(
                 Ok(false) => continue,
                 Err(()) => break,
             }
-            let dirty = collect_dirty(m, opts.gpu_dirty, rearm(opts, false))?.dirty;
+            let dirty = collect_dirty(m, opts.gpu_dirty, rearm(opts, false))?;
             let converged = !point_mode && dirty.len() as u64 <= opts.converge_pages;
             let device = read_device(m.gpu().link())?;
             alive = copier
@@ -369,21 +382,25 @@ fn send_all<S: Read + Write + Send>(
         Ok::<_, Error>((w, paused, paused_at_ns))
     })?;
 
-    let t = Instant::now();
-    m.gpu().link().set_state(DeviceState::StopCopy)?;
-    let stop_ms = ms(t);
-    let t = Instant::now();
-    let last = collect_dirty(m, opts.gpu_dirty, rearm(opts, true))?;
-    rep.dirty_log_ms = ms(t);
-    rep.kvm_log_ms = last.kvm.as_secs_f64() * 1e3;
-    rep.gpu_log_ms = last.gpu.as_secs_f64() * 1e3;
-    let mem = m.vm().memory().clone();
-    rep.final_pages = send_pages(&mut w, &mem, &Pages::List(last.dirty))?;
-    rep.final_gpu_only_pages = last.gpu_only;
-    rep.ram_ms = ms(t);
+    // The vGPU's stop, the logs and their pages (KVM's beside the stop with `overlap_stop`).
+    let fin = stop_and_send(
+        m,
+        &mut w,
+        opts.gpu_dirty,
+        rearm(opts, true),
+        opts.overlap_stop,
+    )?;
+    let secs = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    rep.kvm_log_ms = secs(fin.kvm);
+    rep.gpu_log_ms = secs(fin.gpu);
+    rep.dirty_log_ms = rep.kvm_log_ms + rep.gpu_log_ms;
+    rep.vgpu_stop_ms = secs(fin.vgpu_stop);
+    rep.final_pages = fin.pages;
+    rep.final_gpu_only_pages = fin.gpu_only;
+    rep.ram_ms = secs(fin.ram);
     let t = Instant::now();
     rep.device_stop_bytes = send_device(&mut w, m.gpu().link())?;
-    rep.vgpu_ms = stop_ms + ms(t);
+    rep.vgpu_ms = secs(fin.stop_wait) + ms(t);
     let t = Instant::now();
     let config = m.gpu().save_config()?;
     w.record(Tag::Config, &config)?;

@@ -180,3 +180,38 @@ fn get_fallback_migrates_exactly_and_reports_it() {
     );
     assert!(same, "GET: x_skip_clear changed the result");
 }
+
+/// `overlap_stop`: the pages KVM's log lists go while the vGPU stops on another thread, then the
+/// pages the vGPU's log lists. The destination finishes as the unmigrated run; without the
+/// vGPU's log (its pages after the stop never go) it differs.
+#[test]
+fn an_overlapped_stop_migrates_exactly() {
+    if !kvm_present() {
+        return;
+    }
+    let base = baseline(&cfg());
+    let o = Options {
+        overlap_stop: true,
+        ..opts()
+    };
+    let (rep, same) = migrate("overlapped stop", &base, DirtyLogWant::Auto, &o);
+    assert!(same, "overlapped stop: the destination differs");
+    assert!(
+        rep.final_gpu_only_pages > 0 && rep.final_pages > rep.final_gpu_only_pages,
+        "overlapped stop: the stop sent no page of one of the logs: {rep:?}"
+    );
+    let no_gpu = Options {
+        gpu_dirty: false,
+        ..o
+    };
+    let (_, same) = migrate(
+        "control: overlapped stop, KVM's log alone",
+        &base,
+        DirtyLogWant::Auto,
+        &no_gpu,
+    );
+    assert!(
+        !same,
+        "overlapped stop without the vGPU's log gave the same result"
+    );
+}

@@ -41,6 +41,7 @@ pub enum DirtyLogMode {
     /// `KVM_CLEAR_DIRTY_LOG` with manual protect; pages start clean and write-protected.
     ManualProtect,
     /// Manual protect with `KVM_DIRTY_LOG_INITIALLY_SET`: pages start dirty and writable.
+    #[serde(rename = "manual-protect+initially-set")]
     ManualProtectInitiallySet,
 }
 
