@@ -1,18 +1,20 @@
 //! Whole-VM live migration between two VMM processes over a byte stream (TCP in practice).
 //!
-//! **Source.** DMA logging starts on the vGPU and KVM's dirty log is armed (cleared: with manual
-//! protect, `KVM_CLEAR_DIRTY_LOG` over all of guest RAM; see [`crate::kvm`]'s `dirty` module for
-//! both modes); the vGPU enters PRE_COPY. Round 0 sends every non-zero page of guest RAM (the destination's RAM starts zeroed),
-//! and each later round the pages KVM's log *or* the vGPU's DMA log reports (the vGPU writes guest
-//! RAM behind KVM's back: only its log sees those), until a round is small or the round budget is
-//! spent. A copier thread writes each round while the vCPU runs on ([`Options::overlap`]; one
-//! round in flight at a time, the guest running on while it is). Then the vCPU stays paused (the
-//! VMM does not enter it again; a round still in flight is written first), the vGPU goes to STOP_COPY (a bounded drain may still
-//! write), both logs are read one last time (KVM's, with manual protect, without a clear: only the
-//! pages dirtied since the last round are set) and those pages go, then the vGPU's stop-copy data,
-//! its PCI configuration space, COM1, the vCPU, and DONE. The source commits only when the
-//! destination acknowledges; a cut connection or a refusal puts the vGPU back to RUNNING and the
-//! source VM carries on with nothing lost.
+//! **Source.** DMA logging starts on the vGPU and KVM's dirty log is armed (cleared; with
+//! manual protect, `KVM_CLEAR_DIRTY_LOG` over all of guest RAM: the `kvm` module's `dirty`
+//! submodule has both modes); the vGPU enters PRE_COPY. Round 0 sends every non-zero page of
+//! guest RAM (the destination's RAM starts zeroed), and each later round the pages KVM's log *or*
+//! the vGPU's DMA log reports (the vGPU writes guest RAM behind KVM's back: only its log sees
+//! those), until a round is small or the round budget is spent. A copier thread writes each round
+//! while the vCPU runs on ([`Options::overlap`]; one round in flight at a time, the guest running
+//! on while it is). Then the vCPU stays paused (the VMM does not enter it again; a round still in
+//! flight is written first), the vGPU goes to STOP_COPY (a bounded drain may still write), both
+//! logs are read one last time (KVM's, with manual protect, without a clear: only the pages
+//! dirtied since the last round are set) and those pages go ([`Options::overlap_stop`] sends
+//! KVM's while the vGPU stops), then the vGPU's stop-copy data, its PCI configuration space,
+//! COM1, the vCPU, and DONE. The source commits only when the destination acknowledges; a cut
+//! connection or a refusal puts the vGPU back to RUNNING and the source VM carries on with
+//! nothing lost.
 //!
 //! **Stream.** After the 8-byte magic `GMIGVM01`, records of `tag u8, length u32 LE, crc32 u32 LE
 //! (of the payload), payload`. The destination answers DONE with `ACK u8 0x06, resumed_at_ns u64`
@@ -154,7 +156,7 @@ pub struct Report {
     /// After the pause, waiting for the pre-copy round still being written, ms (part of the
     /// downtime).
     pub drain_ms: f64,
-    /// Of `ram_ms`: reading and joining KVM's and the vGPU's dirty logs.
+    /// Of `ram_ms`: reading KVM's and the vGPU's dirty logs (`kvm_log_ms` + `gpu_log_ms`).
     pub dirty_log_ms: f64,
     /// Of `dirty_log_ms`: reading KVM's log,
     pub kvm_log_ms: f64,

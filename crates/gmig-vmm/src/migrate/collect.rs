@@ -1,8 +1,8 @@
-//! Reading the dirty logs for a round or for the stop: KVM's (per memory slot) joined with the vGPU's DMA log
-//! (per guest RAM range), straight into the sorted list of dirty pages. Nothing here is as wide
-//! as guest-physical space: each log is walked once, word by word, in its own range, so beyond
-//! what KVM and the vGPU return the cost is one pass over their words and one entry per dirty
-//! page.
+//! Reading the dirty logs for a round or for the stop: KVM's (per memory slot) joined with the
+//! vGPU's DMA log (per guest RAM range), straight into the sorted list of dirty pages. Nothing
+//! here is as wide as guest-physical space: each log is walked once, word by word, in its own
+//! range, so beyond what KVM and the vGPU return the cost is one pass over their words and one
+//! entry per dirty page.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
