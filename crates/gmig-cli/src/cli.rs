@@ -85,6 +85,46 @@ pub struct VmGuestArgs {
     /// Host slot of an in-process vGPU (a destination uses another slot than its source).
     #[arg(long, default_value_t = 0)]
     pub slot: u32,
+    /// How the VMM reads KVM's dirty log: `auto` uses KVM_CLEAR_DIRTY_LOG with manual protect
+    /// (and initially-set) where KVM offers it, `manual` the same without initially-set, `get`
+    /// plain KVM_GET_DIRTY_LOG.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dirty_log: DirtyLogArg,
+    /// Ask for transparent huge pages on guest RAM (madvise; the kernel must allow them for
+    /// shared memory).
+    #[arg(long, value_enum, default_value = "off")]
+    pub thp: OnOff,
+}
+
+/// How the VMM reads KVM's dirty log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DirtyLogArg {
+    /// Manual protect with initially-set where offered, else GET.
+    Auto,
+    /// Manual protect without initially-set where offered, else GET.
+    Manual,
+    /// Plain KVM_GET_DIRTY_LOG.
+    Get,
+}
+
+/// How `gmig vm migrate` writes its journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum JournalArg {
+    /// A writer thread.
+    Thread,
+    /// As the bytes cross.
+    Inline,
+    /// None.
+    Off,
+}
+
+/// A switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +161,11 @@ pub struct VmMigrateArgs {
     /// first.
     #[arg(long)]
     pub switch_at_frame: Option<u64>,
+    /// How the journal is written, for measuring what it costs: `thread` (the default) hands
+    /// the bytes to a writer thread, `inline` writes them as they cross, `off` keeps none (a
+    /// side left in doubt then has no copy).
+    #[arg(long = "x-journal", value_enum, default_value = "thread", hide = true)]
+    pub x_journal: JournalArg,
     #[command(flatten)]
     pub hand_over: HandOverArgs,
 }
@@ -447,6 +492,16 @@ pub struct BenchVmArgs {
     /// Seed of the guest's random choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Dirty-log modes to compare (comma-separated: auto, manual, get; default auto).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub dirty_log: Vec<DirtyLogArg>,
+    /// Transparent huge pages on guest RAM, or not (comma-separated: on, off; default off).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub thp: Vec<OnOff>,
+    /// In the stop, send the pages KVM's log lists while the vGPU goes to STOP_COPY (measuring
+    /// `gmig_vmm::migrate::Options::overlap_stop`).
+    #[arg(long = "x-overlap-stop", hide = true)]
+    pub x_overlap_stop: bool,
 }
 
 #[derive(Debug, Args)]

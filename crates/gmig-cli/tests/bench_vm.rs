@@ -40,6 +40,10 @@ fn a_tiny_vm_matrix_is_consistent_and_identical() {
             "4",
             "--scratch-pages",
             "32",
+            "--dirty-log",
+            "get,auto",
+            "--thp",
+            "off,on",
         ])
         .output()
         .expect("gmig runs");
@@ -50,8 +54,31 @@ fn a_tiny_vm_matrix_is_consistent_and_identical() {
     );
     let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     let rows = v["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 2, "{v}");
-    for r in rows {
+    // Rows: link, then dirty-log mode, then THP.
+    assert_eq!(rows.len(), 8, "{v}");
+    for (i, r) in rows.iter().enumerate() {
+        // `get` asked for is what ran; `auto` is manual protect where this KVM offers it.
+        let mode = r["dirty_log_mode"].as_str().expect("dirty_log_mode");
+        if (i / 2) % 2 == 0 {
+            assert_eq!(mode, "get", "{r}");
+        } else {
+            assert!(
+                ["get", "manual-protect+initially-set", "manual-protect"].contains(&mode),
+                "{r}"
+            );
+            eprintln!("--dirty-log auto ran {mode}");
+        }
+        // Huge pages asked for or not, the guest ends the same (whether the kernel backs shared
+        // memory with them is its setting: `ram_huge_kib` says).
+        assert_eq!(r["thp"], i % 2 == 1, "{r}");
+        assert!(r["ram_huge_kib"].is_u64(), "{r}");
+        // The dirty log's parts are parts of it, and it is part of the RAM phase.
+        let log = f(r, &["dirty_log_ms"]);
+        assert!(
+            f(r, &["kvm_log_ms"]) + f(r, &["gpu_log_ms"]) <= log * 1.001 + 1e-6,
+            "{r}"
+        );
+        assert!(log <= f(r, &["ram_ms"]) * 1.001 + 1e-6, "{r}");
         assert_eq!(r["profile"], "compute");
         assert_eq!(u(r, "ram_mib"), 32);
         assert_eq!(u(r, "scratch_pages"), 32);
@@ -75,8 +102,8 @@ fn a_tiny_vm_matrix_is_consistent_and_identical() {
         assert!(u(r, "final_gpu_only_pages") <= u(r, "final_pages"), "{r}");
         assert!(u(r, "rounds") >= 1, "{r}");
     }
-    assert!(rows[0]["link_gbps"].is_null());
-    assert_eq!(f(&rows[1], &["link_gbps"]), 25.0);
+    assert!(rows[..4].iter().all(|r| r["link_gbps"].is_null()));
+    assert!(rows[4..].iter().all(|r| f(r, &["link_gbps"]) == 25.0));
 }
 
 #[test]
@@ -87,6 +114,8 @@ fn bad_vm_bench_arguments_are_refused() {
         &["--links", "0"][..],
         &["--reps", "0"][..],
         &["--at-frame", "48"][..],
+        &["--dirty-log", "ring"][..],
+        &["--thp", "maybe"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_gmig"))
             .args(["bench", "vm"])

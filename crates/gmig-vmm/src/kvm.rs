@@ -19,6 +19,31 @@ use vm_memory::{
 
 use crate::{kvm, Error, Result};
 
+mod dirty;
+pub use dirty::{manual_protect_flags, DirtyLogMode, DirtyLogWant};
+
+/// How a VM is made: its dirty-log mode and whether guest RAM asks for transparent huge pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VmOptions {
+    /// Which dirty-log mode to ask KVM for.
+    pub dirty_log: DirtyLogWant,
+    /// `madvise(MADV_HUGEPAGE)` on guest RAM (it takes effect where the kernel allows huge pages
+    /// for shared memory: `/sys/kernel/mm/transparent_hugepage/shmem_enabled` not `never`).
+    pub thp: bool,
+}
+
+/// How a migration re-arms KVM's dirty log after it read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rearm {
+    /// Clear (and write-protect again) exactly the pages read: a pre-copy round.
+    Read,
+    /// Clear nothing: the stop (the vCPU does not run again). With GET the read clears anyway.
+    Keep,
+    /// Negative control: clear the whole log *before* reading it, dropping every page written
+    /// since the last read. Only with manual protect.
+    DropUnread,
+}
+
 /// Where the guest program is loaded and starts.
 pub const LOAD_ADDR: u64 = 0x10_0000;
 const GDT_ADDR: u64 = 0x500;
@@ -123,6 +148,22 @@ pub fn memfd_guest_ram(size: usize) -> Result<(GuestMemoryMmap<()>, File)> {
     Ok((mem, file))
 }
 
+/// `madvise(MADV_HUGEPAGE)` on every region of `mem` (before anything touches it).
+fn advise_huge(mem: &GuestMemoryMmap<()>) -> Result<()> {
+    for r in mem.iter() {
+        // SAFETY: the range is exactly one region's live mapping, owned by `mem`; MADV_HUGEPAGE
+        // only changes how the kernel backs it, never its contents.
+        let rc = unsafe { libc::madvise(r.as_ptr().cast(), r.len() as usize, libc::MADV_HUGEPAGE) };
+        if rc != 0 {
+            return Err(Error::Ram(format!(
+                "madvise(MADV_HUGEPAGE): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What the VMM does with the guest's port and MMIO accesses.
 pub trait Bus {
     /// A port read of `data.len()` bytes.
@@ -179,6 +220,7 @@ pub struct Vm {
     mem: GuestMemoryMmap<()>,
     ram_file: File,
     ram_bytes: u64,
+    dirty_mode: DirtyLogMode,
 }
 
 impl std::fmt::Debug for Vm {
@@ -200,6 +242,11 @@ impl Vm {
     /// Creates a VM with `ram_size` bytes of memfd RAM (dirty logging on) and one vCPU set up for
     /// 64-bit long mode, entering at [`LOAD_ADDR`] where `program` is copied.
     pub fn new(ram_size: usize, program: &[u8]) -> Result<Self> {
+        Self::with_options(ram_size, program, &VmOptions::default())
+    }
+
+    /// As [`Vm::new`], made as `opts` asks.
+    pub fn with_options(ram_size: usize, program: &[u8], opts: &VmOptions) -> Result<Self> {
         if (ram_size as u64) > MAX_RAM || !ram_size.is_multiple_of(4096) || ram_size == 0 {
             return Err(Error::Ram(format!(
                 "guest RAM of {ram_size} bytes: give a multiple of 4 KiB, at most {} GiB",
@@ -208,7 +255,11 @@ impl Vm {
         }
         let kvm_h = Kvm::new().map_err(kvm("open /dev/kvm"))?;
         let vm = kvm_h.create_vm().map_err(kvm("KVM_CREATE_VM"))?;
+        let dirty_mode = dirty::enable(&vm, opts.dirty_log)?;
         let (mem, ram_file) = memfd_guest_ram(ram_size)?;
+        if opts.thp {
+            advise_huge(&mem)?;
+        }
         for (slot, r) in mem.iter().enumerate() {
             let region = kvm_userspace_memory_region {
                 slot: slot as u32,
@@ -236,6 +287,7 @@ impl Vm {
             mem,
             ram_file,
             ram_bytes: ram_size as u64,
+            dirty_mode,
         };
         v.setup_long_mode()?;
         Ok(v)
@@ -394,14 +446,96 @@ impl Vm {
         Ok(out)
     }
 
+    /// How this VM's dirty log is read.
+    pub fn dirty_log_mode(&self) -> DirtyLogMode {
+        self.dirty_mode
+    }
+
+    /// Arms KVM's dirty log for a migration: from here on a write to any page of guest RAM is
+    /// logged. With GET, a read that clears and discards the log; with manual protect, a clear of
+    /// every page (with initially-set, KVM write-protects nothing before this).
+    pub fn dirty_log_start(&self) -> Result<()> {
+        if !self.dirty_mode.manual() {
+            self.dirty_log()?;
+            return Ok(());
+        }
+        for (slot, (_, len)) in ram_layout(self.ram_bytes).into_iter().enumerate() {
+            let pages = len / 4096;
+            let words = vec![u64::MAX; pages.div_ceil(64) as usize];
+            dirty::clear(&self.vm, slot as u32, pages, &words)?;
+        }
+        Ok(())
+    }
+
     /// KVM's dirty log of guest RAM since the last call (read and clear): one bit per 4 KiB page
     /// of `0..ram_end()`, each memory slot's log at its place (the hole between stays clear).
     pub fn dirty_log(&self) -> Result<Vec<u64>> {
-        log_over_ram(self.ram_bytes, |slot, _start, len| {
-            self.vm
-                .get_dirty_log(slot as u32, len as usize)
-                .map_err(kvm("KVM_GET_DIRTY_LOG"))
+        self.dirty_log_rearm(Rearm::Read)
+    }
+
+    /// KVM's dirty log as [`Vm::dirty_log`], re-armed as `rearm` says (with GET every read
+    /// clears the log, whatever `rearm` says).
+    pub fn dirty_log_rearm(&self, rearm: Rearm) -> Result<Vec<u64>> {
+        let mut slots = self.dirty_log_slots(rearm)?.into_iter();
+        log_over_ram(self.ram_bytes, |_, _, _| {
+            Ok(slots.next().unwrap_or_default())
         })
+    }
+
+    /// KVM's dirty log since the last read, one bitmap per memory slot (the ranges of
+    /// [`ram_layout`], bit `n` = the slot's page `n`), re-armed as `rearm` says.
+    pub fn dirty_log_slots(&self, rearm: Rearm) -> Result<Vec<Vec<u64>>> {
+        let manual = self.dirty_mode.manual();
+        let mut out = Vec::new();
+        for (slot, (_, len)) in ram_layout(self.ram_bytes).into_iter().enumerate() {
+            let slot = slot as u32;
+            let pages = len / 4096;
+            if manual && rearm == Rearm::DropUnread {
+                let all = vec![u64::MAX; pages.div_ceil(64) as usize];
+                dirty::clear(&self.vm, slot, pages, &all)?;
+            }
+            let words = self
+                .vm
+                .get_dirty_log(slot, len as usize)
+                .map_err(kvm("KVM_GET_DIRTY_LOG"))?;
+            if manual && rearm == Rearm::Read {
+                dirty::clear(&self.vm, slot, pages, &words)?;
+            }
+            out.push(words);
+        }
+        Ok(out)
+    }
+
+    /// How much of guest RAM the kernel maps with huge pages now, in KiB (`/proc/self/smaps`:
+    /// `ShmemPmdMapped` and `FilePmdMapped` of guest RAM's mappings); 0 where it cannot say.
+    pub fn ram_huge_kib(&self) -> u64 {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+            return 0;
+        };
+        let ranges: Vec<(u64, u64)> = self
+            .mem
+            .iter()
+            .map(|r| (r.as_ptr() as u64, r.as_ptr() as u64 + r.len()))
+            .collect();
+        let mut inside = false;
+        let mut kib = 0;
+        for line in smaps.lines() {
+            let mut words = line.split_whitespace();
+            let first = words.next().unwrap_or("");
+            if let Some((a, b)) = first.split_once('-') {
+                if let (Ok(a), Ok(b)) = (u64::from_str_radix(a, 16), u64::from_str_radix(b, 16)) {
+                    inside = ranges.iter().any(|&(s, e)| a < e && s < b);
+                    continue;
+                }
+            }
+            if inside && (first == "ShmemPmdMapped:" || first == "FilePmdMapped:") {
+                kib += words
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        kib
     }
 
     /// The vCPU's state, for a migration (the vCPU must not be running: the VMM calls this

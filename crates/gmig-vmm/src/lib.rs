@@ -30,7 +30,7 @@ pub mod switchover;
 
 pub use gpu::{GpuLink, GpuPci, Linked, Remote};
 pub use guest::{GuestConfig, GuestProfile, Telemetry};
-pub use kvm::{memfd_guest_ram, Bus, Stop, VcpuState, Vm};
+pub use kvm::{memfd_guest_ram, Bus, DirtyLogMode, DirtyLogWant, Stop, VcpuState, Vm, VmOptions};
 pub use machine::Machine;
 pub use pci::{PciDevice, PciHost};
 pub use switchover::{GpuProgress, Progress, Work};

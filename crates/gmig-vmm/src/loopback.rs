@@ -8,8 +8,9 @@ use gmig_vgpu::gm::VgpuType;
 use serde::Serialize;
 
 use crate::guest::GuestConfig;
+use crate::kvm::VmOptions;
 use crate::machine::Machine;
-use crate::migrate::{migrate_in, migrate_out_at, Incoming, Options, Report};
+use crate::migrate::{migrate_in_with, migrate_out_at, Incoming, Options, Report};
 use crate::switchover::{Progress, Work};
 use crate::{Error, GpuLink, Linked, Result, Stop};
 
@@ -53,6 +54,9 @@ pub struct LoopbackReport {
     pub destination_frames: u64,
     /// `destination.workloads`, flat for JSON readers.
     pub destination_workloads: u64,
+    /// Of the source's guest RAM, KiB the kernel mapped with huge pages when the migration
+    /// started ([`crate::Vm::ram_huge_kib`]).
+    pub ram_huge_kib: u64,
 }
 
 /// Runs `cfg` unmigrated on `ram` bytes, then again migrating it (once it has completed
@@ -68,24 +72,38 @@ pub fn loopback(
     at_frame: u64,
     opts: &Options,
 ) -> Result<LoopbackReport> {
+    loopback_with(cfg, ram, at_frame, opts, &VmOptions::default())
+}
+
+/// As [`loopback`], every VM (the unmigrated one, the source, the destination) made as `vm`
+/// asks.
+pub fn loopback_with(
+    cfg: &GuestConfig,
+    ram: u64,
+    at_frame: u64,
+    opts: &Options,
+    vm: &VmOptions,
+) -> Result<LoopbackReport> {
     let ty = VgpuType::V5_8;
-    let mut base = Machine::boot(ram, cfg, linked_vgpu(ty, 0)?)?;
+    let mut base = Machine::boot_with(ram, cfg, linked_vgpu(ty, 0)?, vm)?;
     if base.run(RUN_TO_END)? != Stop::Halted {
         return Err(Error::Guest("the unmigrated guest did not finish".into()));
     }
-    let mut src = Machine::boot(ram, cfg, linked_vgpu(ty, 0)?)?;
+    let mut src = Machine::boot_with(ram, cfg, linked_vgpu(ty, 0)?, vm)?;
     src.run_until(RUN_TO_END, |m| m.frames_done() >= at_frame)?;
     if src.halted() {
         return Err(Error::Guest(format!(
             "the guest finished before frame {at_frame}"
         )));
     }
+    let ram_huge_kib = src.vm().ram_huge_kib();
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
+    let dest_vm = *vm;
     let dest = std::thread::spawn(move || -> Result<(Machine, Incoming)> {
         let (mut conn, _) = listener.accept()?;
         conn.set_nodelay(true)?;
-        migrate_in(&mut conn, linked_vgpu(ty, 1)?)
+        migrate_in_with(&mut conn, linked_vgpu(ty, 1)?, &dest_vm)
     });
     let mut conn = TcpStream::connect(addr)?;
     conn.set_nodelay(true)?;
@@ -118,8 +136,7 @@ pub fn loopback(
             destination.frames
         )));
     }
-    let identical =
-        m.serial_results() == base.serial_results() && m.ram_image()? == base.ram_image()?;
+    let identical = m.serial_results() == base.serial_results() && m.ram_equals(&base)?;
     let gap_us = |m: &Machine| -> Result<f64> {
         let khz = f64::from(m.vm().tsc_khz().max(1));
         Ok(m.telemetry()?.max_gap_tsc as f64 * 1000.0 / khz)
@@ -142,6 +159,7 @@ pub fn loopback(
         destination,
         destination_frames: destination.frames,
         destination_workloads,
+        ram_huge_kib,
     })
 }
 

@@ -11,7 +11,7 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::gpu::{GpuLink, GpuPci};
 use crate::guest::{GuestConfig, Telemetry};
-use crate::kvm::{Bus, Stop, Vm};
+use crate::kvm::{Bus, Stop, Vm, VmOptions};
 use crate::pci::{CONFIG_ADDRESS, CONFIG_DATA};
 use crate::{Error, Result};
 
@@ -154,7 +154,17 @@ impl std::fmt::Debug for Machine {
 impl Machine {
     /// A VM of `ram_bytes` running the guest program with `cfg`, on the vGPU behind `link`.
     pub fn boot(ram_bytes: u64, cfg: &GuestConfig, link: Box<dyn GpuLink>) -> Result<Machine> {
-        let vm = Vm::new(ram_size(ram_bytes)?, crate::guest::IMAGE)?;
+        Self::boot_with(ram_bytes, cfg, link, &VmOptions::default())
+    }
+
+    /// As [`Machine::boot`], the VM made as `opts` asks.
+    pub fn boot_with(
+        ram_bytes: u64,
+        cfg: &GuestConfig,
+        link: Box<dyn GpuLink>,
+        opts: &VmOptions,
+    ) -> Result<Machine> {
+        let vm = Vm::with_options(ram_size(ram_bytes)?, crate::guest::IMAGE, opts)?;
         // The guest program is told of low RAM only: RAM above it is migrated, never used.
         cfg.write(
             vm.memory(),
@@ -166,7 +176,16 @@ impl Machine {
 
     /// A VM of `ram_bytes` with nothing in its RAM, for an incoming migration to fill.
     pub fn incoming(ram_bytes: u64, link: Box<dyn GpuLink>) -> Result<Machine> {
-        let vm = Vm::new(ram_size(ram_bytes)?, &[])?;
+        Self::incoming_with(ram_bytes, link, &VmOptions::default())
+    }
+
+    /// As [`Machine::incoming`], the VM made as `opts` asks.
+    pub fn incoming_with(
+        ram_bytes: u64,
+        link: Box<dyn GpuLink>,
+        opts: &VmOptions,
+    ) -> Result<Machine> {
+        let vm = Vm::with_options(ram_size(ram_bytes)?, &[], opts)?;
         Self::assemble(vm, link, Com1::new(NoIrq, Vec::new()))
     }
 
@@ -284,6 +303,58 @@ impl Machine {
         Ok(out)
     }
 
+    /// Whether guest RAM equals `other`'s (a VM of the same size), the telemetry page aside, as
+    /// [`Machine::ram_image`] would compare it, without copying RAM: only the pages either
+    /// memfd holds data for are read (RAM neither side ever wrote is zero on both, and reading
+    /// it would allocate it).
+    pub fn ram_equals(&self, other: &Machine) -> Result<bool> {
+        use vm_memory::{Bytes, GuestAddress};
+        if self.vm.ram_bytes() != other.vm.ram_bytes() {
+            return Ok(false);
+        }
+        let mut extents = self.vm.ram_extents()?;
+        extents.extend(other.vm.ram_extents()?);
+        extents.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::new();
+        for (first, n) in extents {
+            match merged.last_mut() {
+                Some((f, m)) if first <= *f + *m => *m = (*m).max(first + n - *f),
+                _ => merged.push((first, n)),
+            }
+        }
+        const CHUNK: u64 = 256;
+        let telemetry = crate::guest::TELEMETRY / 4096;
+        let (mut a, mut b) = (
+            vec![0u8; CHUNK as usize * 4096],
+            vec![0u8; CHUNK as usize * 4096],
+        );
+        for (first, n) in merged {
+            let mut gfn = first;
+            while gfn < first + n {
+                let k = CHUNK.min(first + n - gfn);
+                let len = k as usize * 4096;
+                let at = GuestAddress(gfn * 4096);
+                let read = |m: &Machine, buf: &mut [u8]| {
+                    m.vm.memory()
+                        .read_slice(buf, at)
+                        .map_err(|e| Error::Ram(e.to_string()))
+                };
+                read(self, &mut a[..len])?;
+                read(other, &mut b[..len])?;
+                if (gfn..gfn + k).contains(&telemetry) {
+                    let t = (telemetry - gfn) as usize * 4096;
+                    a[t..t + 4096].fill(0);
+                    b[t..t + 4096].fill(0);
+                }
+                if a[..len] != b[..len] {
+                    return Ok(false);
+                }
+                gfn += k;
+            }
+        }
+        Ok(true)
+    }
+
     /// The KVM side.
     pub fn vm(&self) -> &Vm {
         &self.vm
@@ -292,6 +363,11 @@ impl Machine {
     /// The vGPU on the bus.
     pub fn gpu(&mut self) -> &mut GpuPci {
         &mut self.board.gpu
+    }
+
+    /// The KVM side and the vGPU at once (the vGPU to be driven from another thread).
+    pub fn split(&mut self) -> (&Vm, &mut GpuPci) {
+        (&self.vm, &mut self.board.gpu)
     }
 
     /// The vGPU on the bus, shared.

@@ -1,16 +1,20 @@
 //! Whole-VM live migration between two VMM processes over a byte stream (TCP in practice).
 //!
-//! **Source.** DMA logging starts on the vGPU and KVM's dirty log is cleared; the vGPU enters
-//! PRE_COPY. Round 0 sends every non-zero page of guest RAM (the destination's RAM starts zeroed),
-//! and each later round the pages KVM's log *or* the vGPU's DMA log reports (the vGPU writes guest
-//! RAM behind KVM's back: only its log sees those), until a round is small or the round budget is
-//! spent. A copier thread writes each round while the vCPU runs on ([`Options::overlap`]; one
-//! round in flight at a time, the guest running on while it is). Then the vCPU stays paused (the
-//! VMM does not enter it again; a round still in flight is written first), the vGPU goes to STOP_COPY (a bounded drain may still
-//! write), both logs are read one last time and those pages go, then the vGPU's stop-copy data,
-//! its PCI configuration space, COM1, the vCPU, and DONE. The source commits only when the
-//! destination acknowledges; a cut connection or a refusal puts the vGPU back to RUNNING and the
-//! source VM carries on with nothing lost.
+//! **Source.** DMA logging starts on the vGPU and KVM's dirty log is armed (cleared; with
+//! manual protect, `KVM_CLEAR_DIRTY_LOG` over all of guest RAM: the `kvm` module's `dirty`
+//! submodule has both modes); the vGPU enters PRE_COPY. Round 0 sends every non-zero page of
+//! guest RAM (the destination's RAM starts zeroed), and each later round the pages KVM's log *or*
+//! the vGPU's DMA log reports (the vGPU writes guest RAM behind KVM's back: only its log sees
+//! those), until a round is small or the round budget is spent. A copier thread writes each round
+//! while the vCPU runs on ([`Options::overlap`]; one round in flight at a time, the guest running
+//! on while it is). Then the vCPU stays paused (the VMM does not enter it again; a round still in
+//! flight is written first), the vGPU goes to STOP_COPY (a bounded drain may still write), both
+//! logs are read one last time (KVM's, with manual protect, without a clear: only the pages
+//! dirtied since the last round are set) and those pages go ([`Options::overlap_stop`] sends
+//! KVM's while the vGPU stops), then the vGPU's stop-copy data, its PCI configuration space,
+//! COM1, the vCPU, and DONE. The source commits only when the destination acknowledges; a cut
+//! connection or a refusal puts the vGPU back to RUNNING and the source VM carries on with
+//! nothing lost.
 //!
 //! **Stream.** After the 8-byte magic `GMIGVM01`, records of `tag u8, length u32 LE, crc32 u32 LE
 //! (of the payload), payload`. The destination answers DONE with `ACK u8 0x06, resumed_at_ns u64`
@@ -19,21 +23,22 @@
 use std::io::{Read, Write};
 use std::time::Instant;
 
-use gmig_dirty::{DirtyBitmap, Gfn};
 use gmig_vfio_migration::{DeviceState, IovaRange};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::gpu::GpuLink;
 use crate::guest::GuestConfig;
-use crate::kvm::{log_over_ram, ram_layout, realtime_ns, Stop, VcpuState};
+use crate::kvm::{ram_layout, realtime_ns, DirtyLogMode, Rearm, Stop, VcpuState, VmOptions};
 use crate::machine::{Machine, SerialSnapshot};
 use crate::switchover::Progress;
 use crate::{Error, Result};
 
+mod collect;
 mod copier;
 mod wire;
-use copier::{read_device, send_device, send_pages, Copier, Pages, Round};
+use collect::{collect_dirty, stop_and_send};
+use copier::{read_device, send_device, Copier, Pages, Round};
 use wire::{read_record, Wire, PAGE};
 pub use wire::{Tag, MAGIC, MAX_RECORD, PAGES_PER_RECORD};
 
@@ -77,6 +82,21 @@ pub struct Options {
     /// each round before the vCPU runs again (the guest is paused for every round): the
     /// negative control of the overlap, and the baseline for the guest's largest pause.
     pub overlap: bool,
+    /// In the stop, send the pages KVM's log lists while the vGPU goes to STOP_COPY on another
+    /// thread (then the pages the vGPU's log lists, again where both list them). Off by default:
+    /// KVM's pages then cross while STOP_COPY is in flight, where the fault matrix's relay marks
+    /// the pause.
+    pub overlap_stop: bool,
+    /// Negative control of manual protect: pre-copy rounds read KVM's log and never clear it, so
+    /// every page written since the migration started stays dirty and goes again in every round
+    /// and in the stop. No effect with GET.
+    #[doc(hidden)]
+    pub x_skip_clear: bool,
+    /// Negative control of manual protect: every read of KVM's log clears the whole log first,
+    /// dropping the pages the guest wrote since the last read (the destination then differs).
+    /// No effect with GET.
+    #[doc(hidden)]
+    pub x_drop_unread: bool,
 }
 
 impl Default for Options {
@@ -88,6 +108,9 @@ impl Default for Options {
             gpu_dirty: true,
             link_gbps: None,
             overlap: true,
+            overlap_stop: false,
+            x_skip_clear: false,
+            x_drop_unread: false,
         }
     }
 }
@@ -101,7 +124,8 @@ pub struct Report {
     pub rounds: u32,
     /// Page records sent while the VM ran.
     pub precopy_pages: u64,
-    /// Page records sent while it was paused.
+    /// Page records sent while it was paused (with [`Options::overlap_stop`], a page both logs
+    /// list goes twice).
     pub final_pages: u64,
     /// Of those, pages only the vGPU's DMA log reported (KVM's log did not have them).
     pub final_gpu_only_pages: u64,
@@ -111,9 +135,11 @@ pub struct Report {
     pub device_stop_bytes: u64,
     /// Bytes on the wire.
     pub wire_bytes: u64,
-    /// Downtime phases, ms: the last dirty-log reads and pages,
+    /// Downtime phases, ms, one after the other: the last dirty-log reads and pages (with
+    /// [`Options::overlap_stop`], KVM's beside the vGPU's stop, then the vGPU's),
     pub ram_ms: f64,
-    /// the vGPU's stop (its bounded drain) and stop-copy data,
+    /// the vGPU's stop (its bounded drain; with `overlap_stop`, what KVM's part did not hide)
+    /// and stop-copy data,
     pub vgpu_ms: f64,
     /// the vCPU, COM1 and configuration space,
     pub vcpu_ms: f64,
@@ -130,8 +156,18 @@ pub struct Report {
     /// After the pause, waiting for the pre-copy round still being written, ms (part of the
     /// downtime).
     pub drain_ms: f64,
-    /// Of `ram_ms`: reading and joining KVM's and the vGPU's dirty logs.
+    /// Of `ram_ms`: reading KVM's and the vGPU's dirty logs (`kvm_log_ms` + `gpu_log_ms`).
     pub dirty_log_ms: f64,
+    /// Of `dirty_log_ms`: reading KVM's log,
+    pub kvm_log_ms: f64,
+    /// and reading the vGPU's DMA log.
+    pub gpu_log_ms: f64,
+    /// The vGPU's STOP_COPY transition, ms (part of `vgpu_ms`; with
+    /// [`Options::overlap_stop`] it runs beside KVM's log and pages, and only what they did not
+    /// hide is in `vgpu_ms`).
+    pub vgpu_stop_ms: f64,
+    /// How KVM's dirty log was read (GET, or manual protect with `KVM_CLEAR_DIRTY_LOG`).
+    pub dirty_log_mode: DirtyLogMode,
     /// Guest exits in the pre-copy stretches that began while a round was being written: the
     /// guest ran while its RAM was copied (0 without [`Options::overlap`]).
     pub exits_while_copying: u64,
@@ -145,29 +181,15 @@ fn dec<'a, T: Deserialize<'a>>(what: &str, b: &'a [u8]) -> Result<T> {
     postcard::from_bytes(b).map_err(|e| Error::Stream(format!("{what}: {e}")))
 }
 
-/// The dirty pages since the last call: KVM's log, joined (unless `gpu` is off) with the vGPU's.
-/// Returns the joined bitmap and how many pages only the vGPU's log had.
-fn collect_dirty(m: &mut Machine, gpu: bool) -> Result<(DirtyBitmap, u64)> {
-    let ram = m.vm().ram_bytes();
-    let pages = m.vm().ram_end() / PAGE as u64;
-    let bitmap = |words| {
-        DirtyBitmap::from_words(Gfn(0), pages, words)
-            .map_err(|e| Error::Stream(format!("dirty bitmap: {e}")))
-    };
-    let mut dirty = bitmap(m.vm().dirty_log()?)?;
-    let mut gpu_only = 0;
-    if gpu {
-        // The vGPU's log, range by range, each at its place.
-        let link = m.gpu().link();
-        let words = log_over_ram(ram, |_, start, len| link.dma_log_report(start, len))?;
-        let mut report = bitmap(words)?;
-        report.subtract(&dirty);
-        gpu_only = report.count();
-        dirty
-            .merge(&report)
-            .map_err(|e| Error::Stream(format!("dirty bitmap: {e}")))?;
+/// How KVM's log is re-armed after a read: `stop` is the last read (nothing runs after it).
+fn rearm(opts: &Options, stop: bool) -> Rearm {
+    if opts.x_drop_unread {
+        Rearm::DropUnread
+    } else if stop || opts.x_skip_clear {
+        Rearm::Keep
+    } else {
+        Rearm::Read
     }
-    Ok((dirty, gpu_only))
 }
 
 fn ms(t: Instant) -> f64 {
@@ -270,7 +292,8 @@ fn send_all<S: Read + Write + Send>(
         })?,
     )?;
     // Start both logs, then the first full pass.
-    m.vm().dirty_log()?;
+    rep.dirty_log_mode = m.vm().dirty_log_mode();
+    m.vm().dirty_log_start()?;
     let ranges: Vec<IovaRange> = ram_layout(ram)
         .into_iter()
         .map(|(iova, length)| IovaRange { iova, length })
@@ -323,12 +346,12 @@ fn send_all<S: Read + Write + Send>(
                 Ok(false) => continue,
                 Err(()) => break,
             }
-            let (dirty, _) = collect_dirty(m, opts.gpu_dirty)?;
-            let converged = !point_mode && dirty.count() <= opts.converge_pages;
+            let dirty = collect_dirty(m, opts.gpu_dirty, rearm(opts, false))?;
+            let converged = !point_mode && dirty.len() as u64 <= opts.converge_pages;
             let device = read_device(m.gpu().link())?;
             alive = copier
                 .push(Round {
-                    pages: Pages::Dirty(dirty),
+                    pages: Pages::List(dirty),
                     device,
                 })
                 .is_ok();
@@ -361,19 +384,25 @@ fn send_all<S: Read + Write + Send>(
         Ok::<_, Error>((w, paused, paused_at_ns))
     })?;
 
-    let t = Instant::now();
-    m.gpu().link().set_state(DeviceState::StopCopy)?;
-    let stop_ms = ms(t);
-    let t = Instant::now();
-    let (dirty, gpu_only) = collect_dirty(m, opts.gpu_dirty)?;
-    rep.dirty_log_ms = ms(t);
-    let mem = m.vm().memory().clone();
-    rep.final_pages = send_pages(&mut w, &mem, &Pages::Dirty(dirty))?;
-    rep.final_gpu_only_pages = gpu_only;
-    rep.ram_ms = ms(t);
+    // The vGPU's stop, the logs and their pages (KVM's beside the stop with `overlap_stop`).
+    let fin = stop_and_send(
+        m,
+        &mut w,
+        opts.gpu_dirty,
+        rearm(opts, true),
+        opts.overlap_stop,
+    )?;
+    let secs = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    rep.kvm_log_ms = secs(fin.kvm);
+    rep.gpu_log_ms = secs(fin.gpu);
+    rep.dirty_log_ms = rep.kvm_log_ms + rep.gpu_log_ms;
+    rep.vgpu_stop_ms = secs(fin.vgpu_stop);
+    rep.final_pages = fin.pages;
+    rep.final_gpu_only_pages = fin.gpu_only;
+    rep.ram_ms = secs(fin.ram);
     let t = Instant::now();
     rep.device_stop_bytes = send_device(&mut w, m.gpu().link())?;
-    rep.vgpu_ms = stop_ms + ms(t);
+    rep.vgpu_ms = secs(fin.stop_wait) + ms(t);
     let t = Instant::now();
     let config = m.gpu().save_config()?;
     w.record(Tag::Config, &config)?;
@@ -472,7 +501,17 @@ pub fn migrate_in<S: Read + Write>(
     conn: &mut S,
     link: Box<dyn GpuLink>,
 ) -> Result<(Machine, Incoming)> {
-    receive_checked(conn, link, true)
+    migrate_in_with(conn, link, &VmOptions::default())
+}
+
+/// As [`migrate_in`], the destination's VM made as `vm` asks (its dirty-log mode and huge
+/// pages are this side's own choice: they do not travel).
+pub fn migrate_in_with<S: Read + Write>(
+    conn: &mut S,
+    link: Box<dyn GpuLink>,
+    vm: &VmOptions,
+) -> Result<(Machine, Incoming)> {
+    receive_checked(conn, link, true, vm)
 }
 
 /// Resumes a VM from the bytes a migration carried (a journal of what a side sent or received,
@@ -492,13 +531,14 @@ pub fn resume_in<R: Read>(journal: &mut R, link: Box<dyn GpuLink>) -> Result<(Ma
             Ok(())
         }
     }
-    receive_checked(&mut ReadOnly(journal), link, false)
+    receive_checked(&mut ReadOnly(journal), link, false, &VmOptions::default())
 }
 
 fn receive_checked<S: Read + Write>(
     conn: &mut S,
     link: Box<dyn GpuLink>,
     handshake: bool,
+    vm: &VmOptions,
 ) -> Result<(Machine, Incoming)> {
     let mut magic = [0u8; 8];
     conn.read_exact(&mut magic)?;
@@ -507,7 +547,7 @@ fn receive_checked<S: Read + Write>(
         refuse(conn, &e);
         return Err(e);
     }
-    match receive(conn, link, handshake) {
+    match receive(conn, link, handshake, vm) {
         Ok(r) => Ok(r),
         Err(e) => {
             if !e.in_doubt() {
@@ -531,6 +571,7 @@ fn receive<S: Read + Write>(
     conn: &mut S,
     link: Box<dyn GpuLink>,
     handshake: bool,
+    vm: &VmOptions,
 ) -> Result<(Machine, Incoming)> {
     let (tag, p) = read_record(conn)?;
     if tag != Tag::Hello {
@@ -541,7 +582,7 @@ fn receive<S: Read + Write>(
         guest: Some(hello.guest),
         ..Incoming::default()
     };
-    let mut m = Machine::incoming(hello.ram_bytes, link)?;
+    let mut m = Machine::incoming_with(hello.ram_bytes, link, vm)?;
     m.gpu().link().set_state(DeviceState::Resuming)?;
     let pages = m.vm().ram_end() / PAGE as u64;
     let (mut config, mut serial, mut vcpu) = (None, None, None);

@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 
 use anyhow::anyhow;
-use gmig_vmm::loopback::{loopback, LoopbackReport};
+use gmig_vmm::loopback::{loopback_with, LoopbackReport};
 use gmig_vmm::migrate::Options;
 use gmig_vmm::{GuestConfig, GuestProfile};
 use serde::Serialize;
@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::bench_matrix::{link_name, median, median_u, parse_link};
 use super::bench_report::{command_line, machine};
 use crate::bench::Summary;
-use crate::cli::BenchVmArgs;
+use crate::cli::{BenchVmArgs, DirtyLogArg, OnOff};
 use crate::exit::Failure;
 
 /// One case of the matrix, condensed over its repetitions (medians unless said).
@@ -33,6 +33,12 @@ pub struct VmRow {
     pub reps: usize,
     /// Guest RAM pages the guest's CPU rewrites per frame.
     pub scratch_pages: u32,
+    /// How KVM's dirty log was read (`get`, `manual-protect`, `manual-protect+initially-set`).
+    pub dirty_log_mode: String,
+    /// Transparent huge pages asked for on guest RAM.
+    pub thp: bool,
+    /// Of the source's guest RAM, KiB mapped with huge pages when the migration started (median).
+    pub ram_huge_kib: u64,
     /// Source vCPU paused → destination acknowledged.
     pub downtime_ms: Summary,
     /// Every repetition's downtime, ms.
@@ -43,6 +49,12 @@ pub struct VmRow {
     pub ram_ms: f64,
     /// (of which reading and joining the two dirty logs)
     pub dirty_log_ms: f64,
+    /// (of which reading KVM's)
+    pub kvm_log_ms: f64,
+    /// (and reading the vGPU's)
+    pub gpu_log_ms: f64,
+    /// The vGPU's STOP_COPY transition, beside KVM's log and pages (not a phase of its own).
+    pub vgpu_stop_ms: f64,
     /// the vGPU's stop (its drain) and stop-copy data,
     pub vgpu_ms: f64,
     /// the vCPU, COM1 and configuration space,
@@ -78,6 +90,7 @@ fn row_of(
     ram_mib: u64,
     link: Option<f64>,
     scratch_pages: u32,
+    thp: bool,
     runs: &[LoopbackReport],
 ) -> anyhow::Result<VmRow> {
     let m: Vec<_> = runs.iter().map(|r| r.migration).collect();
@@ -90,11 +103,21 @@ fn row_of(
         link_gbps: link,
         reps: runs.len(),
         scratch_pages,
+        dirty_log_mode: m
+            .first()
+            .map(|r| r.dirty_log_mode.name())
+            .unwrap_or_default()
+            .to_owned(),
+        thp,
+        ram_huge_kib: median_u(runs.iter().map(|r| r.ram_huge_kib)),
         downtime_ms: Summary::of(&samples).ok_or_else(|| anyhow!("no repetitions"))?,
         downtime_samples_ms: samples,
         dest_downtime_ms: median(&f(|r| r.dest_downtime_ms)),
         ram_ms: median(&f(|r| r.ram_ms)),
         dirty_log_ms: median(&f(|r| r.dirty_log_ms)),
+        kvm_log_ms: median(&f(|r| r.kvm_log_ms)),
+        gpu_log_ms: median(&f(|r| r.gpu_log_ms)),
+        vgpu_stop_ms: median(&f(|r| r.vgpu_stop_ms)),
         vgpu_ms: median(&f(|r| r.vgpu_ms)),
         vcpu_ms: median(&f(|r| r.vcpu_ms)),
         transfer_ms: median(&f(|r| r.transfer_ms)),
@@ -163,44 +186,42 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
     if !std::path::Path::new("/dev/kvm").exists() {
         return Err(anyhow!("/dev/kvm is absent: `gmig bench vm` runs a real KVM guest").into());
     }
+    let modes = if a.dirty_log.is_empty() {
+        vec![DirtyLogArg::Auto]
+    } else {
+        a.dirty_log.clone()
+    };
+    let thps = if a.thp.is_empty() {
+        vec![OnOff::Off]
+    } else {
+        a.thp.clone()
+    };
     let mut rows = Vec::new();
-    let total = profiles.len() * rams.len() * links.len();
+    let total = profiles.len() * rams.len() * links.len() * modes.len() * thps.len();
     for &profile in &profiles {
         for &ram_mib in &rams {
             for &link in &links {
-                let cfg = GuestConfig {
-                    profile,
-                    frames: a.frames,
-                    width: a.width,
-                    height: a.height,
-                    scratch_pages: a.scratch_pages,
-                    seed: a.seed,
-                };
-                let opts = Options {
-                    round_exits: a.round_exits,
-                    link_gbps: link,
-                    ..Options::default()
-                };
-                let mut runs = Vec::with_capacity(a.reps);
-                for _ in 0..a.reps {
-                    let r = loopback(&cfg, ram_mib << 20, a.at_frame, &opts)
-                        .map_err(|e| anyhow!("{} guest, {ram_mib} MiB: {e}", profile.name()))?;
-                    runs.push(r);
+                for (&mode, &thp) in modes.iter().flat_map(|m| thps.iter().map(move |t| (m, t))) {
+                    let row = vm_row(a, profile, ram_mib, link, mode, thp)?;
+                    eprintln!(
+                        "[{}/{total}] {:<8} {:>5} MiB  {:<11} {} thp {} downtime p50 {:7.2} ms (dirty log {:.2}: KVM's {:.2}, vGPU's {:.2}; {} RAM pages in downtime, {} only the vGPU's log had); guest's largest gap {:.1} ms (unmigrated {:.1})",
+                        rows.len() + 1,
+                        row.profile,
+                        row.ram_mib,
+                        link_name(row.link_gbps),
+                        row.dirty_log_mode,
+                        if row.thp { "on" } else { "off" },
+                        row.downtime_ms.p50,
+                        row.dirty_log_ms,
+                        row.kvm_log_ms,
+                        row.gpu_log_ms,
+                        row.final_pages,
+                        row.final_gpu_only_pages,
+                        row.guest_max_gap_ms,
+                        row.unmigrated_max_gap_ms
+                    );
+                    rows.push(row);
                 }
-                let row = row_of(profile, ram_mib, link, a.scratch_pages, &runs)?;
-                eprintln!(
-                    "[{}/{total}] {:<8} {:>5} MiB  {:<11} downtime p50 {:7.2} ms  ({} RAM pages in downtime, {} only the vGPU's log had); guest's largest gap {:.1} ms (unmigrated {:.1})",
-                    rows.len() + 1,
-                    row.profile,
-                    row.ram_mib,
-                    link_name(row.link_gbps),
-                    row.downtime_ms.p50,
-                    row.final_pages,
-                    row.final_gpu_only_pages,
-                    row.guest_max_gap_ms,
-                    row.unmigrated_max_gap_ms
-                );
-                rows.push(row);
             }
         }
     }
@@ -222,23 +243,62 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// One row: `a.reps` loopback migrations of one case.
+fn vm_row(
+    a: &BenchVmArgs,
+    profile: GuestProfile,
+    ram_mib: u64,
+    link: Option<f64>,
+    mode: DirtyLogArg,
+    thp: OnOff,
+) -> anyhow::Result<VmRow> {
+    let cfg = GuestConfig {
+        profile,
+        frames: a.frames,
+        width: a.width,
+        height: a.height,
+        scratch_pages: a.scratch_pages,
+        seed: a.seed,
+    };
+    let opts = Options {
+        round_exits: a.round_exits,
+        link_gbps: link,
+        overlap_stop: a.x_overlap_stop,
+        ..Options::default()
+    };
+    let vm = super::vm::vm_options(mode, thp);
+    let mut runs = Vec::with_capacity(a.reps);
+    for _ in 0..a.reps {
+        let r = loopback_with(&cfg, ram_mib << 20, a.at_frame, &opts, &vm)
+            .map_err(|e| anyhow!("{} guest, {ram_mib} MiB: {e}", profile.name()))?;
+        runs.push(r);
+    }
+    row_of(profile, ram_mib, link, a.scratch_pages, vm.thp, &runs)
+}
+
 /// The rows as a Markdown table.
 pub fn markdown(rows: &[VmRow]) -> String {
     let mut s = String::new();
-    s.push_str("| profile | RAM MiB | link | downtime p50 / p95 / max (ms) | dest view (ms) | RAM | vGPU | vCPU | transfer | drain | rounds | pages pre / final (vGPU only) | guest's largest gap, migrated / unmigrated (ms) | identical |\n");
-    s.push_str("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|\n");
+    s.push_str("| profile | RAM MiB | link | dirty log | THP (huge MiB) | downtime p50 / p95 / max (ms) | dest view (ms) | RAM (dirty log: KVM, vGPU) | vGPU | vCPU | transfer | drain | rounds | pages pre / final (vGPU only) | guest's largest gap, migrated / unmigrated (ms) | identical |\n");
+    s.push_str("|---|---:|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} / {} ({}) | {:.1} / {:.1} | {} |",
+            "| {} | {} | {} | {} | {} ({}) | {:.2} / {:.2} / {:.2} | {:.2} | {:.2} ({:.2}: {:.2}, {:.2}) | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} / {} ({}) | {:.1} / {:.1} | {} |",
             r.profile,
             r.ram_mib,
             link_name(r.link_gbps),
+            r.dirty_log_mode,
+            if r.thp { "on" } else { "off" },
+            r.ram_huge_kib >> 10,
             r.downtime_ms.p50,
             r.downtime_ms.p95,
             r.downtime_ms.max,
             r.dest_downtime_ms,
             r.ram_ms,
+            r.dirty_log_ms,
+            r.kvm_log_ms,
+            r.gpu_log_ms,
             r.vgpu_ms,
             r.vcpu_ms,
             r.transfer_ms,

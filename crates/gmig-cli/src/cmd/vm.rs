@@ -1,18 +1,25 @@
 //! `gmig vm`: the guest GPU driver under KVM on a vGPU (`gmig vm run`), and whole-VM live
 //! migration between two `gmig vm migrate` processes over TCP.
 
-use std::io::{BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{anyhow, Context};
 use gmig_vgpu::gm::VgpuType;
 use gmig_vmm::loopback::{linked_vgpu, RUN_TO_END};
-use gmig_vmm::migrate::{migrate_in, migrate_out, migrate_out_at, resume_in, Incoming, Options};
-use gmig_vmm::{GpuLink, GuestConfig, GuestProfile, Machine, Progress, Remote, Stop};
+use gmig_vmm::migrate::{
+    migrate_in_with, migrate_out, migrate_out_at, resume_in, Incoming, Options,
+};
+use gmig_vmm::{
+    DirtyLogWant, GpuLink, GuestConfig, GuestProfile, Machine, Progress, Remote, Stop, VmOptions,
+};
 
-use crate::cli::{VmCommand, VmGuestArgs, VmMigrateArgs};
+use crate::cli::{DirtyLogArg, OnOff, VmCommand, VmGuestArgs, VmMigrateArgs};
 use crate::exit::{side_fields, Failure};
+
+#[path = "vm_journal.rs"]
+mod journal;
+use journal::Journaled;
 
 /// Run `gmig vm …`.
 pub fn run(cmd: &VmCommand, json: bool) -> Result<(), Failure> {
@@ -36,6 +43,18 @@ fn guest_config(a: &VmGuestArgs) -> anyhow::Result<GuestConfig> {
         seed: a.seed,
         ..GuestConfig::default()
     })
+}
+
+/// The VM as `--dirty-log` and `--thp` ask.
+pub fn vm_options(dirty_log: DirtyLogArg, thp: OnOff) -> VmOptions {
+    VmOptions {
+        dirty_log: match dirty_log {
+            DirtyLogArg::Auto => DirtyLogWant::Auto,
+            DirtyLogArg::Manual => DirtyLogWant::ManualProtect,
+            DirtyLogArg::Get => DirtyLogWant::Get,
+        },
+        thp: thp == OnOff::On,
+    }
 }
 
 fn vgpu(a: &VmGuestArgs) -> anyhow::Result<Box<dyn GpuLink>> {
@@ -126,80 +145,25 @@ fn finish_migrated(m: &mut Machine, inc: &Incoming, json: bool) -> Result<(), Fa
 
 fn run_guest(a: &VmGuestArgs, json: bool) -> Result<(), Failure> {
     let cfg = guest_config(a)?;
-    let mut m = Machine::boot(a.ram_mib << 20, &cfg, vgpu(a)?).context("booting the VM")?;
+    let vm = vm_options(a.dirty_log, a.thp);
+    let mut m =
+        Machine::boot_with(a.ram_mib << 20, &cfg, vgpu(a)?, &vm).context("booting the VM")?;
     finish(&mut m, json, serde_json::json!({}))
 }
 
-/// The migration connection, with every byte this side sends (source) or receives (destination)
-/// also written to a journal: the stream of the VM's whole state, which `--resume` replays when
-/// the switch-over left this side in doubt. Removed unless kept.
-struct Journaled {
-    conn: TcpStream,
-    log: BufWriter<std::fs::File>,
-    path: PathBuf,
-    reads: bool,
-    keep: bool,
-}
-
-impl Journaled {
-    fn new(conn: TcpStream, a: &VmMigrateArgs, role: &str) -> anyhow::Result<Journaled> {
-        let t = Some(a.hand_over.timeout()?);
-        conn.set_read_timeout(t)
-            .and_then(|()| conn.set_write_timeout(t))
-            .and_then(|()| conn.set_nodelay(true))
-            .context("connection options")?;
-        let path = a.hand_over.checkpoint.clone().unwrap_or_else(|| {
+/// The migration connection with its journal (see [`journal`]), `role`'s default file name
+/// unless `--checkpoint` names one.
+fn journaled(conn: TcpStream, a: &VmMigrateArgs, role: &str) -> anyhow::Result<Journaled> {
+    let t = Some(a.hand_over.timeout()?);
+    conn.set_read_timeout(t)
+        .and_then(|()| conn.set_write_timeout(t))
+        .and_then(|()| conn.set_nodelay(true))
+        .context("connection options")?;
+    let path =
+        a.hand_over.checkpoint.clone().unwrap_or_else(|| {
             format!("gmig-vm-in-doubt-{role}-{}.gmigvm", std::process::id()).into()
         });
-        let file = std::fs::File::create(&path)
-            .with_context(|| format!("creating the journal {}", path.display()))?;
-        Ok(Journaled {
-            conn,
-            log: BufWriter::with_capacity(1 << 20, file),
-            path,
-            reads: role == "destination",
-            keep: false,
-        })
-    }
-
-    /// Keep the journal (synced): this side is in doubt.
-    fn keep(mut self) -> anyhow::Result<PathBuf> {
-        self.keep = true;
-        self.log.flush()?;
-        self.log.get_ref().sync_all()?;
-        Ok(self.path.clone())
-    }
-}
-
-impl Drop for Journaled {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-}
-
-impl Read for Journaled {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.conn.read(buf)?;
-        if self.reads {
-            self.log.write_all(&buf[..n])?;
-        }
-        Ok(n)
-    }
-}
-
-impl Write for Journaled {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.conn.write(buf)?;
-        if !self.reads {
-            self.log.write_all(&buf[..n])?;
-        }
-        Ok(n)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.conn.flush()
-    }
+    Journaled::new(conn, path, role == "destination", a.x_journal)
 }
 
 /// A side in doubt: keep its journal and say so (exit code 4).
@@ -263,8 +227,9 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                 );
             }
             let (conn, peer) = listener.accept().context("accepting the source")?;
-            let mut conn = Journaled::new(conn, a, "destination")?;
-            let (mut m, inc) = match migrate_in(&mut conn, link) {
+            let mut conn = journaled(conn, a, "destination")?;
+            let vm = vm_options(a.guest.dirty_log, a.guest.thp);
+            let (mut m, inc) = match migrate_in_with(&mut conn, link, &vm) {
                 Ok(r) => r,
                 Err(e) if e.in_doubt() => return Err(vm_in_doubt(conn, "destination", e)),
                 Err(e) => {
@@ -286,7 +251,8 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
         }
         (None, Some(addr)) => {
             let cfg = guest_config(&a.guest)?;
-            let mut m = Machine::boot(a.guest.ram_mib << 20, &cfg, migrating_vgpu(a)?)
+            let vm = vm_options(a.guest.dirty_log, a.guest.thp);
+            let mut m = Machine::boot_with(a.guest.ram_mib << 20, &cfg, migrating_vgpu(a)?, &vm)
                 .context("booting the VM")?;
             let bar = (!json).then(|| {
                 let b = indicatif::ProgressBar::new(a.at_frame);
@@ -305,7 +271,7 @@ fn migrate(a: &VmMigrateArgs, json: bool) -> Result<(), Failure> {
                 b.finish_and_clear();
             }
             let conn = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
-            let mut conn = Journaled::new(conn, a, "source")?;
+            let mut conn = journaled(conn, a, "source")?;
             let opts = Options {
                 gpu_dirty: !a.no_gpu_dirty,
                 link_gbps: a.link_gbps,
@@ -395,6 +361,12 @@ pub fn print_report(r: &gmig_vmm::migrate::Report) {
     println!(
         "downtime {:.2} ms (source paused -> destination acknowledged); {:.2} ms paused -> destination runnable",
         r.downtime_ms, r.dest_downtime_ms
+    );
+    println!(
+        "  dirty log ({}) {:.2} ms, of it KVM's {:.2} ms",
+        r.dirty_log_mode.name(),
+        r.dirty_log_ms,
+        r.kvm_log_ms
     );
     println!(
         "  RAM {:.2} ms | vGPU {:.2} ms ({} B stop-copy) | vCPU+COM1+config {:.2} ms | transfer+restore {:.2} ms",

@@ -11,7 +11,6 @@ use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};
 use std::thread::{Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
-use gmig_dirty::DirtyBitmap;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::wire::{Tag, Wire, PAGE, PAGES_PER_RECORD};
@@ -28,8 +27,8 @@ pub(super) enum Pages {
     /// The first full pass: the guest-physical extents `(first gfn, pages)` that hold data (the
     /// rest of guest RAM was never written and reads as zero); zero pages in them are skipped.
     Extents(Vec<(u64, u64)>),
-    /// The pages set in a dirty bitmap, zero pages included (the destination zeroes them).
-    Dirty(DirtyBitmap),
+    /// Dirty pages (guest frame numbers), zero pages included (the destination zeroes them).
+    List(Vec<u64>),
 }
 
 /// Sends `which` pages of `mem`.
@@ -45,7 +44,7 @@ pub(super) fn send_pages<S: Write>(
     let full = matches!(which, Pages::Extents(_));
     let listed: Box<dyn Iterator<Item = u64> + '_> = match which {
         Pages::Extents(e) => Box::new(e.iter().flat_map(|&(first, n)| first..first + n)),
-        Pages::Dirty(b) => Box::new(b.iter().map(|g| g.0)),
+        Pages::List(l) => Box::new(l.iter().copied()),
     };
     for gfn in listed {
         mem.read_slice(&mut page, GuestAddress(gfn * PAGE as u64))
