@@ -498,10 +498,11 @@ pub struct BenchVmArgs {
     /// Transparent huge pages on guest RAM, or not (comma-separated: on, off; default off).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub thp: Vec<OnOff>,
-    /// In the stop, send the pages KVM's log lists while the vGPU goes to STOP_COPY (measuring
-    /// `gmig_vmm::migrate::Options::overlap_stop`).
-    #[arg(long = "x-overlap-stop", hide = true)]
-    pub x_overlap_stop: bool,
+    /// In the stop, stop the vGPU before reading the logs and sending any page, instead of
+    /// sending KVM's pages while it stops (measuring what
+    /// `gmig_vmm::migrate::Options::overlap_stop` saves).
+    #[arg(long = "x-no-overlap-stop", hide = true)]
+    pub x_no_overlap_stop: bool,
 }
 
 #[derive(Debug, Args)]

@@ -83,9 +83,8 @@ pub struct Options {
     /// negative control of the overlap, and the baseline for the guest's largest pause.
     pub overlap: bool,
     /// In the stop, send the pages KVM's log lists while the vGPU goes to STOP_COPY on another
-    /// thread (then the pages the vGPU's log lists, again where both list them). Off by default:
-    /// KVM's pages then cross while STOP_COPY is in flight, where the fault matrix's relay marks
-    /// the pause.
+    /// thread (then the pages the vGPU's log lists, again where both list them). On by default;
+    /// `false` stops the vGPU first, then reads both logs (to measure what the overlap saves).
     pub overlap_stop: bool,
     /// Negative control of manual protect: pre-copy rounds read KVM's log and never clear it, so
     /// every page written since the migration started stays dirty and goes again in every round
@@ -108,7 +107,7 @@ impl Default for Options {
             gpu_dirty: true,
             link_gbps: None,
             overlap: true,
-            overlap_stop: false,
+            overlap_stop: true,
             x_skip_clear: false,
             x_drop_unread: false,
         }

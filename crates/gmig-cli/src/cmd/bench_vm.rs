@@ -263,7 +263,7 @@ fn vm_row(
     let opts = Options {
         round_exits: a.round_exits,
         link_gbps: link,
-        overlap_stop: a.x_overlap_stop,
+        overlap_stop: !a.x_no_overlap_stop,
         ..Options::default()
     };
     let vm = super::vm::vm_options(mode, thp);

@@ -69,8 +69,8 @@ pub(super) struct Final {
 /// log and sends the pages it lists; then the vGPU's DMA log is read and every page it lists
 /// goes. The drain may write a page after KVM's copy of it was read: the vGPU's log, read after
 /// the stop, lists it, so it goes again (the destination keeps the last copy). KVM's pages then
-/// cross while STOP_COPY is in flight, which moves where a watcher of the vGPU's requests sees
-/// the pause (the fault matrix's relay marks it at STOP_COPY), so this is not the default.
+/// cross while STOP_COPY is in flight: a watcher of the vGPU's requests (the fault matrix's
+/// relay, which marks the pause at STOP_COPY) sees the pause after some of them.
 pub(super) fn stop_and_send<S: Write>(
     m: &mut Machine,
     w: &mut Wire<'_, S>,

@@ -39,6 +39,19 @@ impl<V: MigratableVm> SourceDevice<V> {
             self.phase = Phase::StopCopy;
             return Ok(());
         };
+        if snap.is_empty() {
+            // Nothing tracked (the VMM moves guest RAM itself, and the device stream carries
+            // only the device's state): no re-hash, and no pass over a bitmap as wide as guest
+            // RAM, in the downtime. Pages that became migratable after pre-copy began still go.
+            self.queue.clear();
+            if !self.vm.migratable_pages_fixed() {
+                self.queue.extend(self.vm.migratable_pages());
+            }
+            self.stop_copy_planned = self.queue.len() as u64;
+            self.stats.rehashed = 0;
+            self.phase = Phase::StopCopy;
+            return Ok(());
+        }
         // Tracked pages pre-copy has not sent yet are found by the re-hash (a page with no
         // recorded hash counts as changed), so the pre-copy queue is dropped. Pages that became
         // migratable after pre-copy began were never tracked and go as they are; a VM whose
