@@ -91,8 +91,8 @@ pub struct VmGuestArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub dirty_log: DirtyLogArg,
     /// Ask for transparent huge pages on guest RAM (madvise; the kernel must allow them for
-    /// shared memory).
-    #[arg(long, value_enum, default_value = "off")]
+    /// shared memory: `/sys/kernel/mm/transparent_hugepage/shmem_enabled` not `never`).
+    #[arg(long, value_enum, default_value = "on")]
     pub thp: OnOff,
 }
 
@@ -495,7 +495,7 @@ pub struct BenchVmArgs {
     /// Dirty-log modes to compare (comma-separated: auto, manual, get; default auto).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub dirty_log: Vec<DirtyLogArg>,
-    /// Transparent huge pages on guest RAM, or not (comma-separated: on, off; default off).
+    /// Transparent huge pages on guest RAM, or not (comma-separated: on, off; default on).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub thp: Vec<OnOff>,
     /// In the stop, stop the vGPU before reading the logs and sending any page, instead of

@@ -23,13 +23,23 @@ mod dirty;
 pub use dirty::{manual_protect_flags, DirtyLogMode, DirtyLogWant};
 
 /// How a VM is made: its dirty-log mode and whether guest RAM asks for transparent huge pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VmOptions {
     /// Which dirty-log mode to ask KVM for.
     pub dirty_log: DirtyLogWant,
     /// `madvise(MADV_HUGEPAGE)` on guest RAM (it takes effect where the kernel allows huge pages
-    /// for shared memory: `/sys/kernel/mm/transparent_hugepage/shmem_enabled` not `never`).
+    /// for shared memory: `/sys/kernel/mm/transparent_hugepage/shmem_enabled` not `never`; on
+    /// by default, where it measured faster).
     pub thp: bool,
+}
+
+impl Default for VmOptions {
+    fn default() -> Self {
+        VmOptions {
+            dirty_log: DirtyLogWant::default(),
+            thp: true,
+        }
+    }
 }
 
 /// How a migration re-arms KVM's dirty log after it read it.

@@ -192,7 +192,7 @@ pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
         a.dirty_log.clone()
     };
     let thps = if a.thp.is_empty() {
-        vec![OnOff::Off]
+        vec![OnOff::On]
     } else {
         a.thp.clone()
     };
