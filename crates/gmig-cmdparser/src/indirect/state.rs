@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::fields::dw;
 use super::footprint::{Footprint, SurfaceStateAt};
-use super::roles::{role, Obs, Role, Work};
+use super::roles::{role, surface_obs, Obs, Role, Work};
 use crate::addr::AddressSpace;
 use crate::decode::{BatchContext, Decoded};
 use crate::isa::{scan_kernel, KernelScan, MAX_KERNEL_BYTES};
@@ -231,6 +231,28 @@ impl IndirectState {
             Role::Plain if !matches!(d.desc.class, Class::Mfx | Class::Vebox) => None,
             role => {
                 self.observe(d, role);
+                None
+            }
+        }
+    }
+
+    /// [`IndirectState::advance`] for what the surface states of privileged work depend on only:
+    /// `code` is the row's [`surface_code`](super::surface_code) (not
+    /// [`SURFACE_UNKNOWN`](super::SURFACE_UNKNOWN)), read from the opcode index, so no role is
+    /// looked up. Records the state a [`SurfaceKey`] holds and returns a draw's or a dispatch's
+    /// kind; other state (depth, stencil, stream output, video) is not recorded, so only
+    /// [`IndirectState::surface_key`] and [`IndirectState::surface_states`] may be asked of a
+    /// state stepped this way. The state's space is not checked either: callers step only
+    /// commands of privileged buffers, and the state was made for the GGTT.
+    #[inline]
+    pub(crate) fn advance_surfaces(&mut self, d: &Decoded<'_>, code: u8) -> Option<Work> {
+        match code {
+            super::SURFACE_DRAW => Some(Work::Draw),
+            super::SURFACE_DISPATCH => Some(Work::Dispatch),
+            _ => {
+                if let Some(obs) = surface_obs(code) {
+                    self.observe_named(d, obs);
+                }
                 None
             }
         }
