@@ -18,7 +18,9 @@ impl IndirectState {
         }
     }
 
-    /// Records state command `d`, of kind `obs`; always `true`.
+    /// Records state command `d`, of kind `obs`; always `true`. Inlined where `obs` is a
+    /// constant ([`IndirectState::advance_surfaces`]), so that only its arm remains.
+    #[inline(always)]
     pub(super) fn observe_named(&mut self, d: &Decoded<'_>, obs: Obs) -> bool {
         match obs {
             Obs::StateBaseAddress => {

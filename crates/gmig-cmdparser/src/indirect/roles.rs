@@ -161,7 +161,7 @@ pub(crate) fn records_nothing(desc: &crate::desc::CommandDesc) -> bool {
 /// reads: those that set a field of a [`SurfaceKey`](super::SurfaceKey) (the heaps, the
 /// binding-table pool and pointers, the shader stages, the interface descriptors). Depth,
 /// stencil, HiZ, stream-output and video state bound other surfaces, never a surface state.
-const SURFACE_OBS: [Obs; 13] = [
+pub(super) const SURFACE_OBS: [Obs; 13] = [
     Obs::StateBaseAddress,
     Obs::BindingTablePool,
     Obs::BindingTable(Stage::Vs),
@@ -204,20 +204,12 @@ pub(crate) const SURFACE_DRAW: u8 = 1;
 /// [`surface_code`]: a dispatch (GPGPU_WALKER, the MEDIA_OBJECT family).
 pub(crate) const SURFACE_DISPATCH: u8 = 2;
 /// [`surface_code`]: the first code of a [`SURFACE_OBS`] entry.
-const SURFACE_OBS_FIRST: u8 = 3;
+pub(super) const SURFACE_OBS_FIRST: u8 = 3;
 /// Not a [`surface_code`]: the row is not known (a command met outside the walk's in-page
 /// loop); its step takes the general way ([`IndirectState::advance`]).
 ///
 /// [`IndirectState::advance`]: super::IndirectState::advance
 pub(crate) const SURFACE_UNKNOWN: u8 = 31;
-
-/// The state to record for surface code `code`, if it names one.
-#[inline]
-pub(super) fn surface_obs(code: u8) -> Option<Obs> {
-    SURFACE_OBS
-        .get(usize::from(code.wrapping_sub(SURFACE_OBS_FIRST)))
-        .copied()
-}
 
 /// Video state commands that name no buffer the decoder writes.
 pub(super) const MFX_STATE_WITHOUT_BUFFERS: &[&str] = &[

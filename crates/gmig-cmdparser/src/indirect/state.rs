@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::fields::dw;
 use super::footprint::{Footprint, SurfaceStateAt};
-use super::roles::{role, surface_obs, Obs, Role, Work};
+use super::roles::{role, Obs, Role, Work, SURFACE_OBS, SURFACE_OBS_FIRST};
 use crate::addr::AddressSpace;
 use crate::decode::{BatchContext, Decoded};
 use crate::isa::{scan_kernel, KernelScan, MAX_KERNEL_BYTES};
@@ -246,16 +246,22 @@ impl IndirectState {
     /// commands of privileged buffers, and the state was made for the GGTT.
     #[inline]
     pub(crate) fn advance_surfaces(&mut self, d: &Decoded<'_>, code: u8) -> Option<Work> {
-        match code {
-            super::SURFACE_DRAW => Some(Work::Draw),
-            super::SURFACE_DISPATCH => Some(Work::Dispatch),
-            _ => {
-                if let Some(obs) = surface_obs(code) {
-                    self.observe_named(d, obs);
+        // One arm per code, each recording its (constant) kind of state: one jump, no second
+        // match on the kind.
+        macro_rules! record {
+            ($($i:literal)*) => {
+                match code {
+                    super::SURFACE_DRAW => return Some(Work::Draw),
+                    super::SURFACE_DISPATCH => return Some(Work::Dispatch),
+                    $(c if c == SURFACE_OBS_FIRST + $i => {
+                        self.observe_named(d, SURFACE_OBS[$i]);
+                    })*
+                    _ => {}
                 }
-                None
-            }
+            };
         }
+        record!(0 1 2 3 4 5 6 7 8 9 10 11 12);
+        None
     }
 
     /// Everything besides memory that the surface states of work `work` (command `d`) depend

@@ -61,7 +61,7 @@ impl PrivilegedSurfaces {
     /// Steps `w` (of a privileged buffer) through the state: by its surface code when the walk
     /// knows it (no role lookup; only what surface states depend on is recorded), else by its
     /// row's role. Returns the work's kind for a work command.
-    #[inline]
+    #[inline(always)]
     fn advance(&mut self, w: &WalkedCommand<'_>) -> Option<Work> {
         if self.general || w.surface == SURFACE_UNKNOWN {
             self.state.advance(&w.cmd, &w.ctx)
