@@ -106,6 +106,9 @@ impl PrivilegedSurfaces {
         mem: &dyn GpuMemory,
         out: &mut Vec<SurfaceState>,
     ) -> Result<bool> {
+        // A row that records nothing surface states depend on is skipped; the state's space is
+        // the GGTT throughout (only privileged commands reach it), so skipping its `enter`
+        // changes nothing either.
         if !self.steps(w) {
             return Ok(false);
         }
@@ -128,8 +131,11 @@ impl PrivilegedSurfaces {
         mem: &dyn GpuMemory,
     ) -> Result<Vec<SurfaceState>> {
         if !matches!(work, Work::Draw | Work::Dispatch) {
+            // No surface key: no surface state.
             return Ok(Vec::new());
         }
+        // The key that matched last time first (drivers alternate among a few), then the rest,
+        // each compared in place against the state.
         let (state, cmd) = (&self.state, &w.cmd);
         let hit = self
             .keys
