@@ -39,27 +39,32 @@ fn class_fits(class: Class, engine: Engine) -> bool {
     }
 }
 
-/// One slot of the index: the row (index + 1, 0 for none) in bits 15:0, and the row's length rule
-/// (so a command's length needs no second load): the DWord Length field's width in bits 20:16
-/// (0 for a fixed length) and the bias (or the fixed length) in bits 31:24. Bit 23 is set when
-/// the row is [`quiet`], bit 22 when it records nothing in the indirect state
-/// ([`crate::indirect::records_nothing`]).
+/// One slot of the index: the row (index + 1, 0 for none) in bits 10:0, the row's
+/// [surface code](crate::indirect::surface_code) in bits 15:11, and the row's length rule (so a
+/// command's length needs no second load): the DWord Length field's width in bits 20:16 (0 for a
+/// fixed length) and the bias (or the fixed length) in bits 31:24. Bit 23 is set when the row is
+/// [`quiet`].
 fn slot_entry(row: usize, d: &CommandDesc) -> u32 {
     let (bits, bias) = match d.length {
         LengthRule::Fixed(n) => (0u8, n),
         LengthRule::Variable { bits, bias } => (bits, bias),
     };
-    u32::from(u16::try_from(row + 1).unwrap_or(0))
+    // A row past the index's reach is left out (a test checks that none is).
+    let Some(row) = u32::try_from(row + 1).ok().filter(|r| *r <= ROW_MASK) else {
+        return 0;
+    };
+    row | (u32::from(crate::indirect::surface_code(d)) & 0x1f) << SURFACE_SHIFT
         | u32::from(bits & 0x1f) << 16
         | u32::from(quiet(d)) << QUIET_BIT
-        | u32::from(crate::indirect::records_nothing(d)) << STATELESS_BIT
         | u32::from(bias) << 24
 }
 
+/// The bits of a slot entry that hold the row (index + 1).
+const ROW_MASK: u32 = 0x7ff;
+/// Where a slot entry's surface code starts.
+const SURFACE_SHIFT: u32 = 11;
 /// Bit of a slot entry set for a [`quiet`] row.
 const QUIET_BIT: u32 = 23;
-/// Bit of a slot entry set for a row that records nothing in the indirect state.
-const STATELESS_BIT: u32 = 22;
 
 /// What [`Table::lookup_entry`] finds for a DW0.
 #[derive(Clone, Copy, Debug)]
@@ -70,9 +75,8 @@ pub(crate) struct Entry {
     pub(crate) len: usize,
     /// Whether the row is [`quiet`].
     pub(crate) quiet: bool,
-    /// Whether the row records nothing in the indirect state
-    /// ([`crate::indirect::records_nothing`]).
-    pub(crate) stateless: bool,
+    /// The row's [surface code](crate::indirect::surface_code).
+    pub(crate) surface: u8,
 }
 
 /// Whether a row is *quiet*: a command of it, once decoded, passes the audit whatever its dwords
@@ -153,14 +157,14 @@ impl Table {
     #[inline]
     pub(crate) fn lookup_entry(&self, dw0: u32) -> Option<Entry> {
         let e = *self.slots.get(slot_of(dw0)?)?;
-        let desc = crate::rows::COMMANDS.get(((e & 0xffff) as usize).wrapping_sub(1))?;
+        let desc = crate::rows::COMMANDS.get(((e & ROW_MASK) as usize).wrapping_sub(1))?;
         let bits = (e >> 16) & 0x1f;
         let mask = (1u32 << bits) - 1;
         Some(Entry {
             desc,
             len: (dw0 & mask) as usize + (e >> 24) as usize,
             quiet: (e >> QUIET_BIT) & 1 == 1,
-            stateless: (e >> STATELESS_BIT) & 1 == 1,
+            surface: ((e >> SURFACE_SHIFT) & 0x1f) as u8,
         })
     }
 }
@@ -186,10 +190,11 @@ pub fn all_commands() -> &'static [CommandDesc] {
 mod tests {
     use super::*;
 
-    /// Every slot's quiet and stateless bits say what the row's own rules say, and a quiet row
+    /// Every slot's quiet bit and surface code say what the row's own rules say, and a quiet row
     /// is one whose commands the walks may count without visiting.
     #[test]
     fn slot_bits_match_their_rows() {
+        assert!(crate::rows::COMMANDS.len() < ROW_MASK as usize);
         let mut quiet_rows = 0;
         for gen in Gen::ALL {
             for engine in Engine::ALL {
@@ -198,21 +203,24 @@ mod tests {
                     if *e == 0 {
                         continue;
                     }
-                    let d = &crate::rows::COMMANDS[(*e & 0xffff) as usize - 1];
+                    let d = &crate::rows::COMMANDS[(*e & ROW_MASK) as usize - 1];
                     let dw0 = d.header(d.len_of(0).max(1) as u32);
                     assert_eq!(slot_of(dw0), Some(slot), "{}", d.name);
                     let got = t.lookup_entry(dw0).unwrap();
                     assert!(core::ptr::eq(got.desc, d));
                     assert_eq!(got.quiet, quiet(d), "{}", d.name);
-                    assert_eq!(
-                        got.stateless,
-                        crate::indirect::records_nothing(d),
-                        "{}",
-                        d.name
-                    );
+                    assert_eq!(got.surface, crate::indirect::surface_code(d), "{}", d.name);
+                    assert_ne!(got.surface, crate::indirect::SURFACE_UNKNOWN, "{}", d.name);
+                    if crate::indirect::records_nothing(d) {
+                        assert_eq!(got.surface, crate::indirect::SURFACE_SKIP, "{}", d.name);
+                    }
                     if got.quiet {
                         quiet_rows += 1;
-                        assert!(got.stateless && d.addrs.is_empty() && d.flags == Flags::NONE);
+                        assert!(
+                            got.surface == crate::indirect::SURFACE_SKIP
+                                && d.addrs.is_empty()
+                                && d.flags == Flags::NONE
+                        );
                     }
                 }
             }

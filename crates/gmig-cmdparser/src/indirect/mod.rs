@@ -51,7 +51,10 @@ mod surfaces;
 mod tests;
 
 pub use footprint::{Footprint, Shape, Stage, SurfaceRole, SurfaceStateAt, SurfaceUse};
-pub(crate) use roles::{records_nothing, Work};
+pub(crate) use roles::{
+    records_nothing, surface_code, Work, SURFACE_DISPATCH, SURFACE_DRAW, SURFACE_SKIP,
+    SURFACE_UNKNOWN,
+};
 pub use state::IndirectState;
 pub(crate) use state::SurfaceKey;
 pub use surfaces::{surface_state_addresses, StateAddress, SURFACE_STATE_BYTES};

@@ -11,11 +11,17 @@ use crate::table::{Flags, Gen};
 impl IndirectState {
     /// Records a state command; `true` when `d` was one (state commands write no memory).
     pub(super) fn observe(&mut self, d: &Decoded<'_>, role: Role) -> bool {
-        let obs = match role {
-            Role::Work(_) => return false,
-            Role::Plain | Role::Inert => return self.observe_plain(d),
-            Role::Named(obs) => obs,
-        };
+        match role {
+            Role::Work(_) => false,
+            Role::Plain | Role::Inert => self.observe_plain(d),
+            Role::Named(obs) => self.observe_named(d, obs),
+        }
+    }
+
+    /// Records state command `d`, of kind `obs`; always `true`. Inlined where `obs` is a
+    /// constant ([`IndirectState::advance_surfaces`]), so that only its arm remains.
+    #[inline(always)]
+    pub(super) fn observe_named(&mut self, d: &Decoded<'_>, obs: Obs) -> bool {
         match obs {
             Obs::StateBaseAddress => {
                 let base = |lo: usize, size_dw: Option<usize>| -> Option<Base> {

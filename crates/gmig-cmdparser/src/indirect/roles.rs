@@ -157,6 +157,60 @@ pub(crate) fn records_nothing(desc: &crate::desc::CommandDesc) -> bool {
     }
 }
 
+/// The state commands whose recording can change the surface states a draw or a dispatch
+/// reads: those that set a field of a [`SurfaceKey`](super::SurfaceKey) (the heaps, the
+/// binding-table pool and pointers, the shader stages, the interface descriptors). Depth,
+/// stencil, HiZ, stream-output and video state bound other surfaces, never a surface state.
+pub(super) const SURFACE_OBS: [Obs; 13] = [
+    Obs::StateBaseAddress,
+    Obs::BindingTablePool,
+    Obs::BindingTable(Stage::Vs),
+    Obs::BindingTable(Stage::Hs),
+    Obs::BindingTable(Stage::Ds),
+    Obs::BindingTable(Stage::Gs),
+    Obs::BindingTable(Stage::Ps),
+    Obs::Shader(Stage::Vs),
+    Obs::Shader(Stage::Ds),
+    Obs::Shader(Stage::Gs),
+    Obs::Hull,
+    Obs::Pixel,
+    Obs::InterfaceDescriptors,
+];
+
+/// A row's *surface code* (5 bits, kept in the opcode index): what stepping a command of it
+/// means to the surface states privileged work reads ([`IndirectState::advance_surfaces`]).
+/// [`SURFACE_SKIP`]: nothing (the row records nothing those surface states depend on, and is
+/// no draw or dispatch); [`SURFACE_DRAW`], [`SURFACE_DISPATCH`]: work with surface states;
+/// from [`SURFACE_OBS_FIRST`] on: state of [`SURFACE_OBS`] to record.
+///
+/// [`IndirectState::advance_surfaces`]: super::IndirectState::advance_surfaces
+pub(crate) fn surface_code(desc: &crate::desc::CommandDesc) -> u8 {
+    match role_of_row(desc) {
+        Role::Work(Work::Draw) => SURFACE_DRAW,
+        Role::Work(Work::Dispatch) => SURFACE_DISPATCH,
+        Role::Named(obs) => SURFACE_OBS
+            .iter()
+            .position(|o| *o == obs)
+            .and_then(|i| u8::try_from(i).ok())
+            .map_or(SURFACE_SKIP, |i| SURFACE_OBS_FIRST + i),
+        Role::Work(_) | Role::Plain | Role::Inert => SURFACE_SKIP,
+    }
+}
+
+/// [`surface_code`]: nothing to step.
+pub(crate) const SURFACE_SKIP: u8 = 0;
+/// [`surface_code`]: a draw (3DPRIMITIVE).
+pub(crate) const SURFACE_DRAW: u8 = 1;
+/// [`surface_code`]: a dispatch (GPGPU_WALKER, the MEDIA_OBJECT family).
+pub(crate) const SURFACE_DISPATCH: u8 = 2;
+/// [`surface_code`]: the first code of a [`SURFACE_OBS`] entry.
+pub(super) const SURFACE_OBS_FIRST: u8 = 3;
+/// Not a [`surface_code`]: the row is not known (a command met outside the walk's in-page
+/// loop); its step takes the general way ([`IndirectState::advance`]).
+///
+/// [`IndirectState::advance`]: super::IndirectState::advance
+pub(crate) const SURFACE_UNKNOWN: u8 = 31;
+
 /// Video state commands that name no buffer the decoder writes.
 pub(super) const MFX_STATE_WITHOUT_BUFFERS: &[&str] = &[
     "MFX_WAIT",

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::fields::dw;
 use super::footprint::{Footprint, SurfaceStateAt};
-use super::roles::{role, Obs, Role, Work};
+use super::roles::{role, Obs, Role, Work, SURFACE_OBS, SURFACE_OBS_FIRST};
 use crate::addr::AddressSpace;
 use crate::decode::{BatchContext, Decoded};
 use crate::isa::{scan_kernel, KernelScan, MAX_KERNEL_BYTES};
@@ -234,6 +234,34 @@ impl IndirectState {
                 None
             }
         }
+    }
+
+    /// [`IndirectState::advance`] for what the surface states of privileged work depend on only:
+    /// `code` is the row's [`surface_code`](super::surface_code) (not
+    /// [`SURFACE_UNKNOWN`](super::SURFACE_UNKNOWN)), read from the opcode index, so no role is
+    /// looked up. Records the state a [`SurfaceKey`] holds and returns a draw's or a dispatch's
+    /// kind; other state (depth, stencil, stream output, video) is not recorded, so only
+    /// [`IndirectState::surface_key`] and [`IndirectState::surface_states`] may be asked of a
+    /// state stepped this way. The state's space is not checked either: callers step only
+    /// commands of privileged buffers, and the state was made for the GGTT.
+    #[inline]
+    pub(crate) fn advance_surfaces(&mut self, d: &Decoded<'_>, code: u8) -> Option<Work> {
+        // One arm per code, each recording its (constant) kind of state: one jump, no second
+        // match on the kind.
+        macro_rules! record {
+            ($($i:literal)*) => {
+                match code {
+                    super::SURFACE_DRAW => return Some(Work::Draw),
+                    super::SURFACE_DISPATCH => return Some(Work::Dispatch),
+                    $(c if c == SURFACE_OBS_FIRST + $i => {
+                        self.observe_named(d, SURFACE_OBS[$i]);
+                    })*
+                    _ => {}
+                }
+            };
+        }
+        record!(0 1 2 3 4 5 6 7 8 9 10 11 12);
+        None
     }
 
     /// Everything besides memory that the surface states of work `work` (command `d`) depend

@@ -92,3 +92,51 @@ fn every_observed_command_exists_and_is_recorded_as_state() {
         assert_eq!((set, fp), (WriteSet::Nothing, None), "{name}");
     }
 }
+
+/// A state command whose surface code says to skip it changes nothing a draw's or a dispatch's
+/// surface key holds (so the walks that follow only surface states may leave it out), and one
+/// the code names is recorded as the general step records it.
+#[test]
+fn surface_codes_skip_only_state_surface_keys_do_not_hold() {
+    use super::roles::SURFACE_SKIP;
+    use super::Work;
+    let mut skipped = 0;
+    for (name, _) in OBSERVED {
+        for gen in Gen::ALL {
+            for engine in [Engine::Render, Engine::Video] {
+                let Some(desc) = by_name(gen, engine, name) else {
+                    continue;
+                };
+                let code = super::surface_code(desc);
+                // The longest length (up to 70) the row accepts; every dword after DW0 all
+                // ones, so that every field it records would show.
+                let Some(v) = (2..=70).rev().find_map(|n| {
+                    let mut v = vec![u32::MAX; n];
+                    v[0] = desc.header(n as u32);
+                    crate::decode_one(gen, engine, &v, 0)
+                        .is_ok_and(|c| c.len() == n)
+                        .then_some(v)
+                }) else {
+                    continue;
+                };
+                let d = crate::decode_one(gen, engine, &v, 0).unwrap();
+                let ctx = BatchContext::first_level(AddressSpace::Ggtt);
+                let mut general = IndirectState::new(gen, AddressSpace::Ggtt);
+                let before = [Work::Draw, Work::Dispatch].map(|w| general.surface_key(&d, w));
+                assert_eq!(general.advance(&d, &ctx), None, "{name}");
+                let after = [Work::Draw, Work::Dispatch].map(|w| general.surface_key(&d, w));
+                if code == SURFACE_SKIP {
+                    assert_eq!(before, after, "{name} changes a surface key");
+                    skipped += 1;
+                } else {
+                    let mut coded = IndirectState::new(gen, AddressSpace::Ggtt);
+                    assert_eq!(coded.advance_surfaces(&d, code), None, "{name}");
+                    let got = [Work::Draw, Work::Dispatch].map(|w| coded.surface_key(&d, w));
+                    assert_eq!(got, after, "{name}");
+                    assert_ne!(before, after, "{name} changes no surface key");
+                }
+            }
+        }
+    }
+    assert!(skipped > 10, "only {skipped} skipped rows checked");
+}

@@ -7,7 +7,8 @@ use super::types::{Result, WalkedCommand};
 use crate::addr::{AddressSpace, VgpuSlices, MAX_SURFACE_BYTES};
 use crate::audit::AuditError;
 use crate::indirect::{
-    surface_state_addresses, IndirectState, StateAddress, SurfaceKey, Work, SURFACE_STATE_BYTES,
+    surface_state_addresses, IndirectState, StateAddress, SurfaceKey, Work, SURFACE_SKIP,
+    SURFACE_STATE_BYTES, SURFACE_UNKNOWN,
 };
 use crate::memory::GpuMemory;
 use crate::table::Gen;
@@ -26,6 +27,9 @@ pub(super) struct PrivilegedSurfaces {
     keys: Vec<SurfaceKey>,
     /// Where in `keys` the last work's key was found.
     last_hit: usize,
+    /// Whether every command is stepped the general way ([`IndirectState::advance`], by the
+    /// row's role), whatever its surface code says (tests compare the two).
+    general: bool,
 }
 
 /// Most [`SurfaceKey`]s a walk remembers.
@@ -41,7 +45,37 @@ impl PrivilegedSurfaces {
             seen: HashSet::new(),
             keys: Vec::new(),
             last_hit: 0,
+            general: false,
         }
+    }
+
+    /// [`PrivilegedSurfaces::new`], stepping every command the general way: by its row's role,
+    /// recording all the indirect state, whatever the walk's surface code says.
+    pub(super) fn general(gen: Gen) -> PrivilegedSurfaces {
+        PrivilegedSurfaces {
+            general: true,
+            ..PrivilegedSurfaces::new(gen)
+        }
+    }
+
+    /// Steps `w` (of a privileged buffer) through the state: by its surface code when the walk
+    /// knows it (no role lookup; only what surface states depend on is recorded), else by its
+    /// row's role. Returns the work's kind for a work command.
+    #[inline(always)]
+    fn advance(&mut self, w: &WalkedCommand<'_>) -> Option<Work> {
+        if self.general || w.surface == SURFACE_UNKNOWN {
+            self.state.advance(&w.cmd, &w.ctx)
+        } else {
+            self.state.advance_surfaces(&w.cmd, w.surface)
+        }
+    }
+
+    /// Whether `w` may change or use the surface states: a command of a privileged buffer
+    /// whose surface code is not [`SURFACE_SKIP`] (or any privileged one, stepped the general
+    /// way).
+    #[inline]
+    fn steps(&self, w: &WalkedCommand<'_>) -> bool {
+        w.ctx.privileged && (w.surface != SURFACE_SKIP || self.general)
     }
 
     /// Feeds `w`; returns the GGTT surface states its footprint uses that earlier commands did
@@ -53,10 +87,10 @@ impl PrivilegedSurfaces {
         w: &WalkedCommand<'_>,
         mem: &dyn GpuMemory,
     ) -> Result<Vec<SurfaceState>> {
-        if !w.ctx.privileged || w.stateless {
+        if !self.steps(w) {
             return Ok(Vec::new());
         }
-        match self.state.advance(&w.cmd, &w.ctx) {
+        match self.advance(w) {
             None => Ok(Vec::new()),
             Some(work) => self.resolve(gen, w, work, mem),
         }
@@ -72,12 +106,13 @@ impl PrivilegedSurfaces {
         mem: &dyn GpuMemory,
         out: &mut Vec<SurfaceState>,
     ) -> Result<bool> {
-        // A stateless row's step records nothing; the state's space is the GGTT throughout
-        // (only privileged commands reach it), so skipping its `enter` changes nothing either.
-        if !w.ctx.privileged || w.stateless {
+        // A row that records nothing surface states depend on is skipped; the state's space is
+        // the GGTT throughout (only privileged commands reach it), so skipping its `enter`
+        // changes nothing either.
+        if !self.steps(w) {
             return Ok(false);
         }
-        match self.state.advance(&w.cmd, &w.ctx) {
+        match self.advance(w) {
             None => Ok(false),
             Some(work) => {
                 *out = self.resolve(gen, w, work, mem)?;

@@ -177,7 +177,11 @@ pub(super) fn remap_walk_with_path<M: GpuMemoryMut + ?Sized>(
     let mut stats = RemapStats::default();
     let mut local = Vec::new();
     let mut found = Vec::new();
-    let mut surfaces = PrivilegedSurfaces::new(gen);
+    let mut surfaces = if fast {
+        PrivilegedSurfaces::new(gen)
+    } else {
+        PrivilegedSurfaces::general(gen)
+    };
     let ro: &M = mem;
     let dyn_mem: &dyn GpuMemory = &ro;
     let mut visit = |w: &WalkedCommand<'_>| {

@@ -244,8 +244,10 @@ fn remap_slices(aperture: u64, hidden: u64) -> crate::addr::VgpuSlices {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
-    /// The remap walk's fast path (quiet commands counted, not visited; stateless rows never
-    /// stepped; edits planned straight into the list; register verdicts and pages as the fast
+    /// The remap walk's fast path (quiet commands counted, not visited; privileged commands
+    /// stepped by their rows' surface codes, only what surface states depend on recorded, where
+    /// the general path steps every command by its row's role; edits planned straight into the
+    /// list; register verdicts and pages as the fast
     /// paths take them) leaves memory exactly as the general path does and ends the same way:
     /// the same statistics, or the same error, on valid and broken batches, with addresses
     /// inside and outside the slices and small budgets.

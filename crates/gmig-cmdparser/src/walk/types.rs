@@ -137,10 +137,10 @@ pub struct WalkedCommand<'a> {
     /// The buffer's context.
     pub ctx: BatchContext,
     pub(super) wrap: Option<(u64, u64)>,
-    /// Set when the command's row is known to record nothing in the indirect state (the walk's
-    /// in-page loop reads it from the opcode index; elsewhere it is `false`, which only costs a
-    /// look at the row).
-    pub(crate) stateless: bool,
+    /// The row's [surface code](crate::indirect::surface_code), which the walk's in-page loop
+    /// reads from the opcode index; elsewhere [`SURFACE_UNKNOWN`](crate::indirect::SURFACE_UNKNOWN)
+    /// (the row's role is then looked up).
+    pub(crate) surface: u8,
 }
 
 impl WalkedCommand<'_> {

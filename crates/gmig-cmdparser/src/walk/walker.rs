@@ -110,7 +110,7 @@ fn visit_one<V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>(
         addr,
         ctx,
         wrap: None,
-        stateless: false,
+        surface: crate::indirect::SURFACE_UNKNOWN,
     };
     visit(&w)?;
     let hook = w.cmd.desc.hook;
@@ -338,7 +338,7 @@ impl<M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
                 desc,
                 len,
                 quiet,
-                stateless,
+                surface,
             }) = table.lookup_entry(dw0)
             else {
                 break;
@@ -375,7 +375,7 @@ impl<M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
                 addr,
                 ctx,
                 wrap: None,
-                stateless,
+                surface,
             })?;
             i += len;
             addr = next;
@@ -488,7 +488,7 @@ impl<M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
                 addr,
                 ctx,
                 wrap: Some((ring.start.0, ring.size)),
-                stateless: false,
+                surface: crate::indirect::SURFACE_UNKNOWN,
             };
             (self.visit)(&w)?;
             if cmd.desc.hook == Hook::BatchStart {
