@@ -342,9 +342,19 @@ impl Vgpu {
     /// Runs at most `max` queued workloads in submission order (a preempted one from where it
     /// stopped); returns how many completed.
     pub fn run(&mut self, max: usize) -> usize {
+        self.run_within(max, None)
+    }
+
+    /// Runs at most `max` queued workloads, none started once `deadline` has passed and the
+    /// one running then preempted at the next command boundary; returns how many completed.
+    fn run_within(&mut self, max: usize, deadline: Option<std::time::Instant>) -> usize {
         let mut n = 0;
-        while n < max {
-            match self.execute_head(crate::exec::Limit::ALL) {
+        while n < max && deadline.is_none_or(|d| std::time::Instant::now() < d) {
+            let limit = crate::exec::Limit {
+                commands: u64::MAX,
+                deadline,
+            };
+            match self.execute_head(limit) {
                 Some((_, true)) => n += 1,
                 Some((_, false)) | None => break,
             }
@@ -393,17 +403,7 @@ impl Vgpu {
     pub fn pause(&mut self, drain: Drain) -> DrainReport {
         self.accepting = false;
         let deadline = drain.time.map(|t| std::time::Instant::now() + t);
-        let mut executed = 0;
-        while executed < drain.workloads && deadline.is_none_or(|d| std::time::Instant::now() < d) {
-            let limit = crate::exec::Limit {
-                commands: u64::MAX,
-                deadline,
-            };
-            match self.execute_head(limit) {
-                Some((_, true)) => executed += 1,
-                _ => break,
-            }
-        }
+        let executed = self.run_within(drain.workloads, deadline);
         DrainReport {
             executed,
             queued: self.queue.len(),

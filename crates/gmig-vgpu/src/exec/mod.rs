@@ -87,6 +87,21 @@ struct PipeState {
     depth_clear: u32,
 }
 
+impl PipeState {
+    /// Records what `cmd` (named `name`) sets of the pipeline state; whether it set any. The
+    /// engine and the replay after a restore both go through here.
+    fn observe(&mut self, name: &str, cmd: &ShadowCommand) -> bool {
+        match name {
+            // 3DSTATE_CLEAR_PARAMS: DW1 depth clear value (the depth fill of later draws).
+            "3DSTATE_CLEAR_PARAMS" => {
+                self.depth_clear = dw(cmd, 1);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 struct Ctx<'a> {
     view: GpuView<'a>,
     written: Vec<Gfn>,
@@ -234,7 +249,8 @@ pub fn execute_span(
                 }
             }
         }
-        kept = sets.state.clone();
+        // Only a workload stopped part-way needs its state kept for the next span.
+        kept = out.next.is_some().then(|| sets.state.clone());
         if sets.close(&view) {
             out.log.reach_workloads += 1;
         }
@@ -254,10 +270,10 @@ pub fn execute_span(
             SideEffect::Interrupt => out.interrupt = true,
         }
     }
-    let state = out.next.map(|next| RunState {
+    let state = out.next.zip(kept).map(|(next, indirect)| RunState {
         seq: w.seq,
         next,
-        indirect: kept,
+        indirect,
         pipe,
     });
     (out, state)
@@ -277,9 +293,7 @@ fn replay(
     let mut sets = crate::shadow::WriteSets::new(gen, view, &mut scratch);
     for cmd in &w.commands[..upto] {
         let (name, _) = crate::shadow::log_write_set(gen, w.engine, cmd, view, &mut log, &mut sets);
-        if name == "3DSTATE_CLEAR_PARAMS" {
-            pipe.depth_clear = dw(cmd, 1);
-        }
+        pipe.observe(name, cmd);
     }
     (sets.state, pipe)
 }
@@ -649,11 +663,7 @@ fn run_3d(
             ctx.write(sp, addr, &value.to_le_bytes())?;
             Ok(Outcome::Executed)
         }
-        "3DSTATE_CLEAR_PARAMS" => {
-            // 3DSTATE_CLEAR_PARAMS: DW1 depth clear value (the depth fill of later draws).
-            pipe.depth_clear = dw(cmd, 1);
-            Ok(Outcome::Executed)
-        }
+        _ if pipe.observe(name, cmd) => Ok(Outcome::Executed),
         _ => Ok(Outcome::Skipped(name)),
     }
 }
