@@ -262,21 +262,6 @@ where
     Ok(b)
 }
 
-/// Runs `(first, count)` of consecutive frames in `frames` (in any order).
-fn runs_of(frames: &[gmig_dirty::Gfn]) -> Vec<(u64, u64)> {
-    let mut v: Vec<u64> = frames.iter().map(|g| g.0).collect();
-    v.sort_unstable();
-    v.dedup();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for g in v {
-        match out.last_mut() {
-            Some((first, n)) if *first + *n == g => *n += 1,
-            _ => out.push((g, 1)),
-        }
-    }
-    out
-}
-
 fn dma_failed(what: &str, e: impl std::fmt::Display) -> DeviceError {
     DeviceError::Failed(format!("DMA logging: {what}: {e}"))
 }
@@ -366,12 +351,7 @@ impl<F: VmFactory> VmDevice<F> {
         }
         if let Some(log) = self.dma.logger() {
             log.merge_guest_dirty(&dirty, 0)?;
-            for (first, n) in runs_of(&fresh) {
-                log.mark_dirty(
-                    first * gmig_dirty::PAGE_SIZE as u64,
-                    n * gmig_dirty::PAGE_SIZE as u64,
-                );
-            }
+            log.merge_guest_dirty(&tight(fresh.into_iter())?, 0)?;
         }
         Ok(())
     }
@@ -427,7 +407,7 @@ impl<F: VmFactory> MigrationDevice for VmDevice<F> {
 
 #[cfg(test)]
 mod tests {
-    use super::{runs_of, tight};
+    use super::tight;
     use gmig_dirty::{DirtyBitmap, Gfn};
 
     #[test]
@@ -443,12 +423,5 @@ mod tests {
         assert_eq!(got, vec![70_000, 70_001, 90_000, 100_000]);
         let empty = tight(DirtyBitmap::new(Gfn(0), 1 << 21).unwrap().iter()).unwrap();
         assert_eq!((empty.span_pages(), empty.count()), (0, 0));
-    }
-
-    #[test]
-    fn runs_of_joins_consecutive_frames() {
-        let f = |v: &[u64]| v.iter().map(|&g| Gfn(g)).collect::<Vec<_>>();
-        assert_eq!(runs_of(&f(&[5, 3, 4, 9, 4])), vec![(3, 3), (9, 1)]);
-        assert!(runs_of(&[]).is_empty());
     }
 }

@@ -31,27 +31,20 @@ impl<V: MigratableVm> SourceDevice<V> {
         self.states = Some(states);
         self.stats.quiesce_ns += t.elapsed().as_nanos() as u64;
 
-        let Some(snap) = self.snap.take() else {
-            // Stop-and-copy: no pre-copy, every migratable page goes now.
-            self.queue.clear();
-            self.queue.extend(self.vm.migratable_pages());
-            self.stop_copy_planned = self.queue.len() as u64;
-            self.phase = Phase::StopCopy;
-            return Ok(());
-        };
-        if snap.is_empty() {
-            // Nothing tracked (the VMM moves guest RAM itself, and the device stream carries
-            // only the device's state): no re-hash, and no pass over a bitmap as wide as guest
-            // RAM, in the downtime. Pages that became migratable after pre-copy began still go.
-            self.queue.clear();
-            if !self.vm.migratable_pages_fixed() {
+        let snap = match self.snap.take() {
+            Some(snap) if !snap.is_empty() => snap,
+            // Stop-and-copy (no pre-copy), or a snapshot that tracks nothing (the VMM moves guest
+            // RAM itself and the device stream carries only the device's state): no re-hash and
+            // no bitmap as wide as guest RAM in the downtime; every migratable page goes now
+            // (after an empty snapshot, only pages that became migratable since pre-copy began).
+            _ => {
+                self.queue.clear();
                 self.queue.extend(self.vm.migratable_pages());
+                self.stop_copy_planned = self.queue.len() as u64;
+                self.phase = Phase::StopCopy;
+                return Ok(());
             }
-            self.stop_copy_planned = self.queue.len() as u64;
-            self.stats.rehashed = 0;
-            self.phase = Phase::StopCopy;
-            return Ok(());
-        }
+        };
         // Tracked pages pre-copy has not sent yet are found by the re-hash (a page with no
         // recorded hash counts as changed), so the pre-copy queue is dropped. Pages that became
         // migratable after pre-copy began were never tracked and go as they are; a VM whose
