@@ -105,26 +105,6 @@ pub fn ram_end(size: u64) -> u64 {
         .map_or(0, |&(start, len)| start + len)
 }
 
-/// One dirty bitmap over the guest-physical space of `size` bytes of guest RAM (bit `n` = page
-/// `n`), put together from a log per range of [`ram_layout`]: `read(index, start, length)` gives
-/// the range's words, which land at its place (every range starts on a multiple of 64 pages);
-/// the hole between ranges stays clear.
-pub fn log_over_ram(
-    size: u64,
-    mut read: impl FnMut(usize, u64, u64) -> Result<Vec<u64>>,
-) -> Result<Vec<u64>> {
-    let mut words = vec![0u64; (ram_end(size) / 4096).div_ceil(64) as usize];
-    for (i, (start, len)) in ram_layout(size).into_iter().enumerate() {
-        let at = (start / 4096 / 64) as usize;
-        for (j, w) in read(i, start, len)?.into_iter().enumerate() {
-            if let Some(d) = words.get_mut(at + j) {
-                *d = w;
-            }
-        }
-    }
-    Ok(words)
-}
-
 /// Makes `size` bytes of memfd-backed guest RAM laid out by [`ram_layout`] (one memfd, the high
 /// part at file offset [`LOW_RAM_MAX`]), shareable with the vGPU and a vfio-user server (the same
 /// file can be mapped elsewhere).
@@ -466,30 +446,19 @@ impl Vm {
     /// every page (with initially-set, KVM write-protects nothing before this).
     pub fn dirty_log_start(&self) -> Result<()> {
         if !self.dirty_mode.manual() {
-            self.dirty_log()?;
+            self.dirty_log_slots(Rearm::Read)?;
             return Ok(());
         }
         for (slot, (_, len)) in ram_layout(self.ram_bytes).into_iter().enumerate() {
-            let pages = len / 4096;
-            let words = vec![u64::MAX; pages.div_ceil(64) as usize];
-            dirty::clear(&self.vm, slot as u32, pages, &words)?;
+            self.clear_whole_log(slot as u32, len / 4096)?;
         }
         Ok(())
     }
 
-    /// KVM's dirty log of guest RAM since the last call (read and clear): one bit per 4 KiB page
-    /// of `0..ram_end()`, each memory slot's log at its place (the hole between stays clear).
-    pub fn dirty_log(&self) -> Result<Vec<u64>> {
-        self.dirty_log_rearm(Rearm::Read)
-    }
-
-    /// KVM's dirty log as [`Vm::dirty_log`], re-armed as `rearm` says (with GET every read
-    /// clears the log, whatever `rearm` says).
-    pub fn dirty_log_rearm(&self, rearm: Rearm) -> Result<Vec<u64>> {
-        let mut slots = self.dirty_log_slots(rearm)?.into_iter();
-        log_over_ram(self.ram_bytes, |_, _, _| {
-            Ok(slots.next().unwrap_or_default())
-        })
+    /// Manual protect: clears (and write-protects again) every page of memory slot `slot`.
+    fn clear_whole_log(&self, slot: u32, pages: u64) -> Result<()> {
+        let all = vec![u64::MAX; pages.div_ceil(64) as usize];
+        dirty::clear(&self.vm, slot, pages, &all)
     }
 
     /// KVM's dirty log since the last read, one bitmap per memory slot (the ranges of
@@ -501,8 +470,7 @@ impl Vm {
             let slot = slot as u32;
             let pages = len / 4096;
             if manual && rearm == Rearm::DropUnread {
-                let all = vec![u64::MAX; pages.div_ceil(64) as usize];
-                dirty::clear(&self.vm, slot, pages, &all)?;
+                self.clear_whole_log(slot, pages)?;
             }
             let words = self
                 .vm

@@ -22,12 +22,20 @@ pub(super) fn collect_dirty(m: &mut Machine, gpu: bool, rearm: Rearm) -> Result<
     let kvm_logs = m.vm().dirty_log_slots(rearm)?;
     let gpu_logs = if gpu { gpu_logs(m)? } else { Vec::new() };
     let mut dirty = Vec::new();
-    for (i, (start, len)) in ram_layout(ram).into_iter().enumerate() {
-        let k = kvm_logs.get(i).map_or(&[][..], Vec::as_slice);
-        let g = gpu_logs.get(i).map_or(&[][..], Vec::as_slice);
-        join(start / 4096, len / 4096, k, g, &mut dirty);
-    }
+    join_ranges(ram, &kvm_logs, &gpu_logs, &mut dirty);
     Ok(dirty)
+}
+
+/// [`join`] over every range of [`ram_layout`] (`kvm[i]`, `gpu[i]`: range `i`'s logs; a missing
+/// one is empty). Returns how many pages only the vGPU's logs had.
+fn join_ranges(ram: u64, kvm: &[Vec<u64>], gpu: &[Vec<u64>], out: &mut Vec<u64>) -> u64 {
+    let mut gpu_only = 0;
+    for (i, (start, len)) in ram_layout(ram).into_iter().enumerate() {
+        let k = kvm.get(i).map_or(&[][..], Vec::as_slice);
+        let g = gpu.get(i).map_or(&[][..], Vec::as_slice);
+        gpu_only += join(start / 4096, len / 4096, k, g, out);
+    }
+    gpu_only
 }
 
 /// The vGPU's DMA log since the last report, one bitmap per range of [`ram_layout`].
@@ -89,12 +97,7 @@ pub(super) fn stop_and_send<S: Write>(
         let gpu_logs = if gpu { gpu_logs(m)? } else { Vec::new() };
         let gpu_t = t.elapsed().saturating_sub(kvm);
         let mut list = Vec::new();
-        let mut gpu_only = 0;
-        for (i, (first, len)) in ram_layout(ram).into_iter().enumerate() {
-            let k = kvm_logs.get(i).map_or(&[][..], Vec::as_slice);
-            let g = gpu_logs.get(i).map_or(&[][..], Vec::as_slice);
-            gpu_only += join(first / 4096, len / 4096, k, g, &mut list);
-        }
+        let gpu_only = join_ranges(ram, &kvm_logs, &gpu_logs, &mut list);
         let mem = m.vm().memory().clone();
         let pages = send_pages(w, &mem, &Pages::List(list))?;
         return Ok(Final {
@@ -122,10 +125,7 @@ pub(super) fn stop_and_send<S: Write>(
             let logs = vm.dirty_log_slots(rearm)?;
             let kvm = t.elapsed();
             let mut list = Vec::new();
-            for (i, (first, len)) in ram_layout(ram).into_iter().enumerate() {
-                let k = logs.get(i).map_or(&[][..], Vec::as_slice);
-                join(first / 4096, len / 4096, k, &[], &mut list);
-            }
+            join_ranges(ram, &logs, &[], &mut list);
             let sent = send_pages(w, &mem, &Pages::List(list))?;
             Ok((logs, kvm, sent, t.elapsed()))
         })();
