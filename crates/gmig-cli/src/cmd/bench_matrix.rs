@@ -389,6 +389,7 @@ pub(crate) fn median_u(v: impl Iterator<Item = u64>) -> u64 {
 fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
     let f = |g: fn(&BenchSample) -> f64| samples.iter().map(g).collect::<Vec<f64>>();
     let u = |g: fn(&BenchSample) -> u64| median_u(samples.iter().map(g));
+    let drain = migration_config(case).max_drain;
     let downtimes = f(|s| s.report.downtime_ms);
     let downtime_ms = Summary::of(&downtimes).context("no downtime measured")?;
     let total_ms = Summary::of(&f(|s| s.report.total_ms)).context("no total measured")?;
@@ -410,11 +411,8 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         switchover_ack: case.switchover_ack,
         verify_before_stop: case.verify_before_stop,
         verify_rounds: u(|s| u64::from(s.report.verify_rounds)),
-        max_drain: migration_config(case).max_drain.workloads,
-        max_drain_ms: migration_config(case)
-            .max_drain
-            .time
-            .map(|t| t.as_secs_f64() * 1e3),
+        max_drain: drain.workloads,
+        max_drain_ms: drain.time.map(|t| t.as_secs_f64() * 1e3),
         gpu_ahead: case.gpu_ahead,
         frame_phases: (0..samples.len())
             .map(|r| frame_phase(r, samples.len(), case.step_every_batches))

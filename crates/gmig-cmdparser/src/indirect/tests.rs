@@ -7,6 +7,23 @@ use crate::decode::BatchContext;
 use crate::table::{all_commands, by_name, Engine, Gen};
 use crate::writeset::WriteSet;
 
+/// The first length of `lengths` that `desc` decodes at, as a command of DW0 and every later
+/// dword all ones (so that every address, enable bit and recorded field shows).
+fn all_ones(
+    gen: Gen,
+    engine: Engine,
+    desc: &crate::table::CommandDesc,
+    lengths: impl IntoIterator<Item = usize>,
+) -> Option<Vec<u32>> {
+    lengths.into_iter().find_map(|n| {
+        let mut v = vec![u32::MAX; n];
+        v[0] = desc.header(n as u32);
+        crate::decode_one(gen, engine, &v, 0)
+            .is_ok_and(|c| c.len() == n)
+            .then_some(v)
+    })
+}
+
 #[test]
 fn every_row_has_the_role_its_name_gives() {
     for d in all_commands() {
@@ -36,13 +53,7 @@ fn the_short_path_agrees_with_the_general_one_on_every_inert_row() {
         };
         // The shortest length the row accepts; every dword after DW0 all ones, so that
         // written addresses and enable bits would show.
-        let Some(v) = (1..=70).find_map(|n| {
-            let mut v = vec![u32::MAX; n];
-            v[0] = desc.header(n as u32);
-            crate::decode_one(gen, engine, &v, 0)
-                .is_ok_and(|c| c.len() == n)
-                .then_some(v)
-        }) else {
+        let Some(v) = all_ones(gen, engine, desc, 1..=70) else {
             continue;
         };
         let d = crate::decode_one(gen, engine, &v, 0).unwrap();
@@ -110,13 +121,7 @@ fn surface_codes_skip_only_state_surface_keys_do_not_hold() {
                 let code = super::surface_code(desc);
                 // The longest length (up to 70) the row accepts; every dword after DW0 all
                 // ones, so that every field it records would show.
-                let Some(v) = (2..=70).rev().find_map(|n| {
-                    let mut v = vec![u32::MAX; n];
-                    v[0] = desc.header(n as u32);
-                    crate::decode_one(gen, engine, &v, 0)
-                        .is_ok_and(|c| c.len() == n)
-                        .then_some(v)
-                }) else {
+                let Some(v) = all_ones(gen, engine, desc, (2..=70).rev()) else {
                     continue;
                 };
                 let d = crate::decode_one(gen, engine, &v, 0).unwrap();
