@@ -426,7 +426,7 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     let _ = d.virsh(&["destroy", name]);
     d.ok(&["undefine", name]);
     let t = Instant::now();
-    while d.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
+    while d.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(d.servers(name), 0, "release left a server:\n{}", d.logs());
@@ -518,7 +518,7 @@ fn migrate_rendering_domain(
         "{dst_hook}"
     );
     let t = Instant::now();
-    while src.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
+    while src.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(
@@ -535,7 +535,7 @@ fn migrate_rendering_domain(
 fn retire(src: &Daemon, dst: &Daemon, name: &str) {
     let _ = dst.virsh(&["destroy", name]);
     let t = Instant::now();
-    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(10) {
+    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(

@@ -227,10 +227,7 @@ fn throttled_link_paces_writes() {
         took >= Duration::from_millis(95),
         "paced write took only {took:?}"
     );
-    assert!(
-        took < Duration::from_millis(1500),
-        "paced write took {took:?}"
-    );
+    assert!(took < Duration::from_secs(10), "paced write took {took:?}");
 }
 
 /// A socket bound to a port and connected to that same port meets itself (TCP's simultaneous

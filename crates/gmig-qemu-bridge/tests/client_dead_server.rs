@@ -68,20 +68,24 @@ fn a_server_that_stops_answering_fails_the_request_at_the_timeout_and_every_late
     let mut c = Client::connect(&path).expect("connect");
     c.set_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
+    // The server never answers: only the timeout can end the request (the bound is far above
+    // it so that a busy host cannot fail the test, far below forever).
     let t = Instant::now();
     let e = c.region_info(0).expect_err("a hung server answered");
     assert!(
-        t.elapsed() < Duration::from_secs(3),
+        t.elapsed() < Duration::from_secs(60),
         "took {:?}",
         t.elapsed()
     );
     assert!(matches!(e, ClientError::TimedOut { .. }), "{e}");
-    let t = Instant::now();
+    // A later request fails without waiting: with an hour's timeout, a request that went out
+    // and waited for the hung server would hang the test instead of failing it.
+    c.set_timeout(Some(Duration::from_secs(3600)))
+        .expect("timeout");
     let e = c
         .region_info(0)
         .expect_err("a request went out on a broken connection");
     assert!(matches!(e, ClientError::Broken), "{e}");
-    assert!(t.elapsed() < Duration::from_millis(100));
 }
 
 #[test]
@@ -89,15 +93,11 @@ fn a_server_that_dies_fails_the_request_and_every_later_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = fake_server(dir.path(), Then::Die);
     let mut c = Client::connect(&path).expect("connect");
-    c.set_timeout(Some(Duration::from_secs(5)))
+    // A request that waited for the timeout would end `TimedOut`: the dead peer's I/O error
+    // must end it first, however slow the host.
+    c.set_timeout(Some(Duration::from_secs(3600)))
         .expect("timeout");
-    let t = Instant::now();
     let e = c.region_info(0).expect_err("a dead server answered");
-    assert!(
-        t.elapsed() < Duration::from_secs(3),
-        "took {:?}",
-        t.elapsed()
-    );
     assert!(matches!(e, ClientError::Io(_)), "{e}");
     let e = c.set_device_state(gmig_vfio_migration::DeviceState::Running);
     assert!(matches!(e, Err(ClientError::Broken)), "{e:?}");

@@ -88,12 +88,18 @@ fn over_vfio_user_the_guest_gets_the_same_results_and_migrates() {
         };
         let base = baseline(&c);
         let name = profile.name();
-        // Out of process: the same exits, the same GPU progress, the same results.
+        // Out of process: the same results (serial output, guest RAM, the vGPU's guest-visible
+        // state). Not the same exits: the served vGPU's interrupts reach the vCPU through an
+        // eventfd from another thread, so how often the guest polls before one arrives depends
+        // on scheduling (a busy host once gave 991 against 989). The counts are reported.
         let path = serve_vgpu(dir.path(), &format!("{name}-run.sock"), 0);
         let mut m = Machine::boot(RAM, &c, remote(&path)).expect("boot over vfio-user");
         assert_eq!(m.run(ALL).expect("run"), Stop::Halted);
         assert_same_run(&base, &m, &format!("{name} over vfio-user"));
-        assert_eq!(base.exits, m.exits, "{name}: the same exits");
+        eprintln!(
+            "{name}: {} exits in process, {} over vfio-user",
+            base.exits, m.exits
+        );
 
         // Migration between two servers: DMA logging and the device state over vfio-user.
         let r = migrate_remote(dir.path(), name, &c, &opts(), true);
