@@ -15,7 +15,7 @@
 
 use thiserror::Error;
 
-use crate::addr::{AddressSpace, VgpuSlices, MAX_SURFACE_BYTES};
+use crate::addr::{AddressSpace, VgpuSlices, GTT_PAGE_SIZE, MAX_SURFACE_BYTES};
 use crate::decode::{BatchContext, BatchLevel, Decoded};
 use crate::regs::{register_allowed, RegAccess};
 use crate::table::{Flags, Hook};
@@ -120,6 +120,21 @@ pub enum AuditError {
         /// Register byte offset.
         reg: u32,
     },
+    /// A store-data-index write that does not stay inside its status page.
+    #[error(
+        "dword {offset}: {name} writes 0x{len:x} bytes at index 0x{index:x} of a status page, \
+         past the page's end"
+    )]
+    IndexOutOfPage {
+        /// Dword offset of the command.
+        offset: usize,
+        /// The command.
+        name: &'static str,
+        /// Byte offset into the page.
+        index: u64,
+        /// Bytes written.
+        len: u64,
+    },
     /// MI_BATCH_BUFFER_START inside a second-level batch.
     #[error("dword {offset}: MI_BATCH_BUFFER_START inside a second-level batch")]
     NestedBatchStart {
@@ -146,6 +161,7 @@ impl AuditError {
             | AuditError::UnsizedSurface { offset, .. }
             | AuditError::GgttFromUnprivileged { offset, .. }
             | AuditError::Register { offset, .. }
+            | AuditError::IndexOutOfPage { offset, .. }
             | AuditError::NestedBatchStart { offset }
             | AuditError::SecondLevelFromRing { offset } => offset,
         }
@@ -202,6 +218,29 @@ pub(crate) fn audit_shape(cmd: &Decoded<'_>, ctx: &BatchContext) -> Result<()> {
         Hook::LoadRegReg => {
             reg(1, RegAccess::Read)?;
             reg(2, RegAccess::Write)?;
+        }
+        Hook::StatusIndex(_) => {
+            if let Some(u) = cmd.status_index() {
+                if u.offset
+                    .checked_add(u.len)
+                    .is_none_or(|end| end > GTT_PAGE_SIZE)
+                {
+                    return Err(AuditError::IndexOutOfPage {
+                        offset,
+                        name,
+                        index: u.offset,
+                        len: u.len,
+                    });
+                }
+                // The engine's global status page is the kernel's, not a user batch's.
+                if !u.per_process && !ctx.privileged {
+                    return Err(AuditError::GgttFromUnprivileged {
+                        offset,
+                        name,
+                        field: "global status page index",
+                    });
+                }
+            }
         }
         Hook::BatchStart => match ctx.level {
             BatchLevel::Second => return Err(AuditError::NestedBatchStart { offset }),

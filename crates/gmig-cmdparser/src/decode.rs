@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use crate::addr::AddressSpace;
 use crate::table::{
-    self, Access, AddrField, CommandDesc, Cond, Engine, Gen, Hook, SizeRule, Width,
+    self, Access, AddrField, CommandDesc, Cond, Engine, Gen, Hook, SizeRule, StatusPage, Width,
 };
 
 /// Why a command buffer could not be decoded.
@@ -260,12 +260,56 @@ fn bits(v: u32, lo: u8, n: u8) -> u32 {
 
 #[inline]
 fn cond_holds(c: Cond, dwords: &[u32], base: usize) -> bool {
+    let at = |dword: u8| dword_at(dwords, base.saturating_add(usize::from(dword)));
     match c {
         Cond::Always => true,
-        Cond::NonZero { dword, lo, bits: n } => {
-            let i = base.saturating_add(usize::from(dword));
-            bits(dword_at(dwords, i), lo, n) != 0
+        Cond::NonZero { dword, lo, bits: n } => bits(at(dword), lo, n) != 0,
+        Cond::BitSet { dword, bit } => bits(at(dword), bit, 1) != 0,
+        Cond::BitClear { dword, bit } => bits(at(dword), bit, 1) == 0,
+        Cond::All(all) => all.iter().all(|c| cond_holds(*c, dwords, base)),
+    }
+}
+
+/// A store-data-index write (see [`IndexRule`](crate::table::IndexRule)): which status page,
+/// the byte offset the command names and how many bytes it writes there. `offset + len` may
+/// exceed the page: the audit refuses such a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexUse {
+    /// The context's per-process status page (else the engine's global one).
+    pub per_process: bool,
+    /// Byte offset into the page (the command's dword with the bits below the rule's `lo`
+    /// cleared).
+    pub offset: u64,
+    /// Bytes written.
+    pub len: u64,
+}
+
+impl Decoded<'_> {
+    /// The command's store-data-index write, if its row has one and the command makes it.
+    pub fn status_index(&self) -> Option<IndexUse> {
+        let Hook::StatusIndex(rule) = self.desc.hook else {
+            return None;
+        };
+        if !cond_holds(rule.when, self.dwords, 0) {
+            return None;
         }
+        let per_process = match rule.page {
+            StatusPage::PerProcess => true,
+            StatusPage::PerProcessIfBit { dword, bit } => {
+                bits(dword_at(self.dwords, usize::from(dword)), bit, 1) != 0
+            }
+        };
+        let offset = u64::from(bits(
+            dword_at(self.dwords, usize::from(rule.dword)),
+            rule.lo,
+            32 - rule.lo,
+        )) << rule.lo;
+        let len = range_of(rule.size, self.dwords, 0, offset).map_or(INVALID_LEN, |(_, l)| l);
+        Some(IndexUse {
+            per_process,
+            offset,
+            len,
+        })
     }
 }
 

@@ -235,6 +235,55 @@ pub enum Cond {
         /// Number of bits.
         bits: u8,
     },
+    /// When bit `bit` of dword `dword` is set.
+    BitSet {
+        /// Dword index within the command (relative to the repeated element's start).
+        dword: u8,
+        /// Bit number.
+        bit: u8,
+    },
+    /// When bit `bit` of dword `dword` is clear.
+    BitClear {
+        /// Dword index within the command (relative to the repeated element's start).
+        dword: u8,
+        /// Bit number.
+        bit: u8,
+    },
+    /// When every one of these holds (a post-sync write that is not a store-data-index one).
+    All(&'static [Cond]),
+}
+
+/// Which hardware status page a store-data-index write lands in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusPage {
+    /// The submitting context's per-process status page (the first page of its image).
+    PerProcess,
+    /// The per-process page when bit `bit` of dword `dword` is set, else the engine's global
+    /// status page (`HWS_PGA`): MI_STORE_DATA_INDEX's "use per-process HWS".
+    PerProcessIfBit {
+        /// Dword index within the command.
+        dword: u8,
+        /// Bit number.
+        bit: u8,
+    },
+}
+
+/// A write whose "address" is an offset into a hardware status page, not a graphics address
+/// (MI_STORE_DATA_INDEX, and PIPE_CONTROL / MI_FLUSH_DW with "store data index"): GVT-g checks
+/// that it stays inside the page; it is never remapped, and the page is the context's or the
+/// engine's own, inside the vGPU's slices by construction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexRule {
+    /// When the command writes by index.
+    pub when: Cond,
+    /// Dword holding the byte offset.
+    pub dword: u8,
+    /// Its lowest offset bit (the bits below are flags or must be zero).
+    pub lo: u8,
+    /// Which page.
+    pub page: StatusPage,
+    /// Bytes written.
+    pub size: SizeRule,
 }
 
 /// How many bytes an address field's command touches from the address.
@@ -413,6 +462,8 @@ pub enum Hook {
     StoreRegMem,
     /// MI_LOAD_REGISTER_REG: source in DW1, destination in DW2.
     LoadRegReg,
+    /// A store-data-index write into a status page (see [`IndexRule`]).
+    StatusIndex(&'static IndexRule),
 }
 
 /// Command classes by DW0 bits 31:29 and engine.

@@ -76,7 +76,7 @@ pub use addr::{
 pub use audit::{audit, audit_buffer, AuditError, AuditReport, BufferAuditError};
 pub use decode::{
     decode_one, AddressIter, AddressUse, BatchContext, BatchLevel, DecodeError, Decoded, Decoder,
-    INVALID_LEN,
+    IndexUse, INVALID_LEN,
 };
 pub use indirect::{Footprint, IndirectState, Stage, SurfaceRole, SurfaceUse};
 pub use memory::{GpuMemory, GpuMemoryMut, MemoryError, PageMemory};
@@ -84,7 +84,7 @@ pub use regs::{register_allowed, RegAccess};
 pub use remap::{remap_in_place, RemapError, RemapStats};
 pub use table::{
     all_commands, by_name, lookup, Access, AddrField, Class, CommandDesc, Cond, Engine, Flags, Gen,
-    Hook, LengthRule, SizeRule, SpaceRule, Width,
+    Hook, IndexRule, LengthRule, SizeRule, SpaceRule, StatusPage, Width,
 };
 pub use walk::{
     audit_walk, remap_walk, walk, walk_batch, Budget, RingSpan, WalkError, WalkSummary,

@@ -9,8 +9,8 @@
 //! length rules are `(DW0 & mask) + bias`.
 
 use crate::desc::{
-    Access, AddrField, Class, CommandDesc, Cond, Engines, Flags, Gens, Hook, LengthRule, SizeRule,
-    SpaceRule, Width,
+    Access, AddrField, Class, CommandDesc, Cond, Engines, Flags, Gens, Hook, IndexRule, LengthRule,
+    SizeRule, SpaceRule, StatusPage, Width,
 };
 
 const fn v(bits: u8) -> LengthRule {
@@ -126,6 +126,12 @@ const fn a32(name: &'static str, dword: u8, lo: u8) -> AddrField {
 const fn nz(dword: u8, lo: u8, bits: u8) -> Cond {
     Cond::NonZero { dword, lo, bits }
 }
+const fn set(dword: u8, bit: u8) -> Cond {
+    Cond::BitSet { dword, bit }
+}
+const fn clear(dword: u8, bit: u8) -> Cond {
+    Cond::BitClear { dword, bit }
+}
 const fn field(dword: u8, lo: u8, bits: u8, scale: u32, add: u32) -> SizeRule {
     SizeRule::Field {
         dword,
@@ -149,16 +155,40 @@ const REG_MEM_STORE: &[AddrField] = &[a64("memory", 2, 2)
 const REG_MEM_LOAD: &[AddrField] = &[a64("memory", 2, 2)
     .space(GGTT_DW0_22)
     .size(SizeRule::Fixed(4))];
+// Post-sync writes: an address unless "store data index" (bit 21 of the dword holding the
+// post-sync op) makes it an offset into the context's status page.
 const FLUSH_DW: &[AddrField] = &[a("post_sync", 1, 3)
     .space(SpaceRule::GgttIfBit { dword: 1, bit: 2 })
     .access(Access::Write)
     .size(SizeRule::Fixed(8))
-    .when(nz(0, 14, 2))];
+    .when(Cond::All(&[nz(0, 14, 2), clear(0, 21)]))];
+const FLUSH_DW_INDEX: IndexRule = IndexRule {
+    when: Cond::All(&[nz(0, 14, 2), set(0, 21)]),
+    dword: 1,
+    lo: 3,
+    page: StatusPage::PerProcess,
+    size: SizeRule::Fixed(8),
+};
 const PIPE_CONTROL: &[AddrField] = &[a("post_sync", 2, 2)
     .space(SpaceRule::GgttIfBit { dword: 1, bit: 24 })
     .access(Access::Write)
     .size(SizeRule::Fixed(8))
-    .when(nz(1, 14, 2))];
+    .when(Cond::All(&[nz(1, 14, 2), clear(1, 21)]))];
+const PIPE_CONTROL_INDEX: IndexRule = IndexRule {
+    when: Cond::All(&[nz(1, 14, 2), set(1, 21)]),
+    dword: 2,
+    lo: 2,
+    page: StatusPage::PerProcess,
+    size: SizeRule::Fixed(8),
+};
+// MI_STORE_DATA_INDEX: DW1 the offset, DW2.. the data; DW0 bit 21 "use per-process HWS".
+const SDI_INDEX: IndexRule = IndexRule {
+    when: Cond::Always,
+    dword: 1,
+    lo: 2,
+    page: StatusPage::PerProcessIfBit { dword: 0, bit: 21 },
+    size: SizeRule::TrailingDwords { first: 2 },
+};
 const BB_START: &[AddrField] =
     &[a("batch", 1, 2).space(SpaceRule::PpgttIfBit { dword: 0, bit: 8 })];
 const ATOMIC: &[AddrField] = &[a("memory", 1, 2)
@@ -302,14 +332,16 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
         .exact(2)
         .gens(Gens::GEN9_PLUS),
     mi("MI_STORE_DATA_IMM", 0x20, v(10)).addrs(SDI),
-    mi("MI_STORE_DATA_INDEX", 0x21, v(8)).flags(REFUSED.with(UNB)),
+    mi("MI_STORE_DATA_INDEX", 0x21, v(8)).hook(Hook::StatusIndex(&SDI_INDEX)),
     mi("MI_LOAD_REGISTER_IMM", 0x22, v(8)).hook(Hook::LoadRegImm),
     mi("MI_UPDATE_GTT", 0x23, v(10)).flags(REFUSED.with(UNB)),
     mi("MI_STORE_REGISTER_MEM", 0x24, v(8))
         .exact(4)
         .addrs(REG_MEM_STORE)
         .hook(Hook::StoreRegMem),
-    mi("MI_FLUSH_DW", 0x26, v(6)).addrs(FLUSH_DW),
+    mi("MI_FLUSH_DW", 0x26, v(6))
+        .addrs(FLUSH_DW)
+        .hook(Hook::StatusIndex(&FLUSH_DW_INDEX)),
     mi("MI_CLFLUSH", 0x27, v(10)).flags(REFUSED).addrs(CLFLUSH),
     mi("MI_REPORT_PERF_COUNT", 0x28, v(6))
         .exact(4)
@@ -505,7 +537,9 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
     r3("3DSTATE_URB_CLEAR", 3, 1, 0x1d).gens(Gens::GEN9_PLUS),
     r3("3DSTATE_3D_MODE", 3, 1, 0x1e).gens(Gens::GEN11),
     r3("3DSTATE_SLICE_TABLE_STATE_POINTERS", 3, 1, 0x20).gens(Gens::GEN11),
-    r3("PIPE_CONTROL", 3, 2, 0x00).addrs(PIPE_CONTROL),
+    r3("PIPE_CONTROL", 3, 2, 0x00)
+        .addrs(PIPE_CONTROL)
+        .hook(Hook::StatusIndex(&PIPE_CONTROL_INDEX)),
     r3("3DPRIMITIVE", 3, 3, 0x00).flags(UNB),
     // ---- MFX (type 3), video: address layouts not modelled -------------------------------------
     mfx("MFX_WAIT", 1, 0, 0, 0).len_bits(6),

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 pub(crate) use crate::desc::resolve_space;
 pub use crate::desc::{
     class_of, Access, AddrField, Class, CommandDesc, Cond, Engine, Engines, Flags, Gen, Gens, Hook,
-    LengthRule, SizeRule, SpaceRule, Width,
+    IndexRule, LengthRule, SizeRule, SpaceRule, StatusPage, Width,
 };
 
 /// Dense per-(gen, engine) index: MI opcodes in slots 0..64, 2D opcodes in 64..192, type-3 keys

@@ -177,7 +177,6 @@ fn audit_one(gen: Gen, engine: Engine, b: &[u32], ctx: &BatchContext) -> Result<
 fn audit_refuses_forbidden_commands() {
     for name in [
         "MI_UPDATE_GTT",
-        "MI_STORE_DATA_INDEX",
         "MI_CLFLUSH",
         "MI_CONDITIONAL_BATCH_BUFFER_END",
         "MI_SEMAPHORE_WAIT",
@@ -191,6 +190,85 @@ fn audit_refuses_forbidden_commands() {
         let r = audit_one(Gen::Gen9, Engine::Render, &b, &BatchContext::RING);
         assert_eq!(r, Err(AuditError::Forbidden { offset: 0, name }), "{name}");
     }
+}
+
+/// Store-data-index writes (i915's flushes, IGT's spinners): an offset into a status page, not
+/// a graphics address. Admitted with the offset checked against the page, as GVT-g does; the
+/// global page only from privileged buffers; never an address use (not audited against the
+/// slices, not remapped).
+#[test]
+fn store_data_index_is_an_offset_into_a_status_page() {
+    let ring = BatchContext::RING;
+    let user = BatchContext::batch(BatchLevel::First, AddressSpace::Ppgtt, ring);
+    let one = |engine: Engine, b: &[u32], ctx: &BatchContext| {
+        let d = Decoder::new(Gen::Gen9, engine, b).next().unwrap().unwrap();
+        (
+            d.status_index(),
+            d.addresses(ctx).count(),
+            audit(&d, ctx, &src()),
+        )
+    };
+    let idx = |per_process: bool, offset: u64, len: u64| {
+        Some(gmig_cmdparser::IndexUse {
+            per_process,
+            offset,
+            len,
+        })
+    };
+    // i915 6.1's render flush: PIPE_CONTROL, QW write, store data index, GGTT bit clear.
+    let pc = |dw1: u32, at: u32| [0x7a00_0004, dw1, at, 0, 0, 0];
+    let flush = (1 << 21) | (1 << 14) | (1 << 20);
+    for ctx in [&ring, &user] {
+        assert_eq!(
+            one(Engine::Render, &pc(flush, 0xd0), ctx),
+            (idx(true, 0xd0, 8), 0, Ok(()))
+        );
+        // With the GGTT bit too (an index, not GGTT 0xd0 outside the slices).
+        let r = one(Engine::Render, &pc(flush | (1 << 24), 0xd0), ctx);
+        assert_eq!(r, (idx(true, 0xd0, 8), 0, Ok(())));
+        let r = one(Engine::Render, &pc(flush, 0xffc), ctx);
+        assert!(matches!(
+            r.2,
+            Err(AuditError::IndexOutOfPage {
+                index: 0xffc,
+                len: 8,
+                ..
+            })
+        ));
+    }
+    // Without the bit, the post-sync address is an address as before.
+    let r = one(Engine::Render, &pc((1 << 14) | (1 << 24), 0xd0), &ring);
+    assert_eq!((r.0, r.1), (None, 1));
+    assert!(matches!(
+        r.2,
+        Err(AuditError::OutOfSlice { start: 0xd0, .. })
+    ));
+    // MI_FLUSH_DW with store data index (DW0 bit 21) and the GGTT bit: i915's blitter flush.
+    let fdw = [0x1320_4002, 0xd0 | 4, 0, 0];
+    assert_eq!(
+        one(Engine::Blitter, &fdw, &user),
+        (idx(true, 0xd0, 8), 0, Ok(()))
+    );
+    // MI_STORE_DATA_INDEX: per-process (DW0 bit 21) from anywhere; the global page only from
+    // the ring or a privileged batch.
+    let sdi = [0x10a0_0002, 0x40, 1, 2];
+    assert_eq!(
+        one(Engine::Render, &sdi, &user),
+        (idx(true, 0x40, 8), 0, Ok(()))
+    );
+    let global = [0x1080_0001, 0x40, 1];
+    assert_eq!(
+        one(Engine::Render, &global, &ring),
+        (idx(false, 0x40, 4), 0, Ok(()))
+    );
+    assert!(matches!(
+        one(Engine::Render, &global, &user).2,
+        Err(AuditError::GgttFromUnprivileged { .. })
+    ));
+    assert!(matches!(
+        one(Engine::Render, &[0x1080_0001, 0x1000, 1], &ring).2,
+        Err(AuditError::IndexOutOfPage { index: 0x1000, .. })
+    ));
 }
 
 #[test]

@@ -125,7 +125,11 @@ impl Vgpu {
                 let tail = self.read_ctx_state(lrca, lrc::RING_TAIL);
                 if let (Some(l), Some(t)) = (lrca, tail) {
                     self.write_ctx_state(l, lrc::RING_HEAD, t);
-                    self.ctx_heads.insert(lrca_guest, t & 0x001f_fff8);
+                    // Work still queued for the context would make the next submission a lite
+                    // restore: it must start past the refused commands too.
+                    if let Some(h) = self.ctx_heads.get_mut(&lrca_guest) {
+                        *h = t & 0x001f_fff8;
+                    }
                 }
                 None
             }
@@ -271,6 +275,7 @@ impl Vgpu {
                 "engine reset dropped queued work"
             );
         }
+        self.forget_idle_heads();
         let st = &mut self.engines[engine.index()];
         st.elsp.clear();
         st.running.clear();
@@ -448,5 +453,89 @@ mod tests {
         // The next submission starts from idle again.
         elsp(&mut v, desc(base, 0, 5), 0);
         assert_eq!(events(&v, base, 1).0, vec![(mmio::CSB_IDLE_TO_ACTIVE, 0)]);
+    }
+
+    /// Writes `ring` dwords at the start of context `ctx`'s ring page and sets its image's
+    /// `RING_HEAD`/`RING_TAIL` to `head` and the ring's end, as i915 does for a new context.
+    fn program(v: &mut Vgpu, ctx: u64, head: u32, ring: &[u32]) -> u32 {
+        let ring_at = (1 << 20) + (5 + ctx) * PAGE_SIZE;
+        for (i, d) in ring.iter().enumerate() {
+            v.guest_memory()
+                .write_obj(*d, GuestAddress(ring_at + 4 * i as u64))
+                .unwrap();
+        }
+        let state = (1 << 20) + (1 + 2 * ctx) * PAGE_SIZE + lrc::STATE_OFFSET;
+        let tail = 4 * ring.len() as u32;
+        for (idx, val) in [(lrc::RING_HEAD, head), (lrc::RING_TAIL, tail)] {
+            v.guest_memory()
+                .write_obj(val, GuestAddress(state + 4 * idx as u64))
+                .unwrap();
+        }
+        tail
+    }
+
+    /// `MI_STORE_DATA_IMM` through the GGTT of `value` into page 7 of the hidden slice.
+    fn store(base: u64, value: u32) -> [u32; 4] {
+        [0x1040_0002, (base + 7 * PAGE_SIZE) as u32, 0, value]
+    }
+
+    fn stored(v: &Vgpu) -> u32 {
+        v.guest_memory()
+            .read_obj(GuestAddress((1 << 20) + 7 * PAGE_SIZE))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_new_context_at_a_freed_contexts_address_runs_from_its_images_head() {
+        let (mut v, base) = setup();
+        program(&mut v, 0, 0, &store(base, 0x11));
+        elsp(&mut v, desc(base, 0, 5), 0);
+        assert_eq!(v.run_until_idle(), 1);
+        assert_eq!(stored(&v), 0x11);
+        assert!(v.ctx_heads.is_empty(), "a completed context keeps a head");
+        // i915 frees the context and makes a new one in the same pages: a fresh ring whose
+        // image says head 0. The hardware takes the head from the image.
+        program(&mut v, 0, 0, &store(base, 0x22));
+        elsp(&mut v, desc(base, 0, 9), 0);
+        assert_eq!(v.run_until_idle(), 1);
+        assert_eq!(stored(&v), 0x22, "the new context's commands did not run");
+        assert!(v.faults().is_empty(), "{:?}", v.faults());
+    }
+
+    #[test]
+    fn a_lite_restore_of_a_pending_context_walks_only_the_new_commands() {
+        let (mut v, base) = setup();
+        let first = store(base, 0x11);
+        program(&mut v, 0, 0, &first);
+        elsp(&mut v, desc(base, 0, 5), 0);
+        // Before it runs, i915 appends to the ring and resubmits: the image still says head 0
+        // (the hardware writes it back when the context switches out), the lite restore
+        // continues from the tail submitted before.
+        let both: Vec<u32> = first.iter().chain(&store(base, 0x22)).copied().collect();
+        program(&mut v, 0, 0, &both);
+        elsp(&mut v, desc(base, 0, 5), 0);
+        let lens: Vec<usize> = v.queue.iter().map(|w| w.commands.len()).collect();
+        assert_eq!(lens, vec![1, 1], "each submission's own commands");
+        assert_eq!(v.run_until_idle(), 2);
+        assert_eq!(stored(&v), 0x22);
+        assert!(v.ctx_heads.is_empty());
+    }
+
+    #[test]
+    fn a_reset_forgets_the_heads_of_the_work_it_drops() {
+        let (mut v, base) = setup();
+        program(&mut v, 0, 0, &store(base, 0x11));
+        elsp(&mut v, desc(base, 0, 5), 0);
+        assert_eq!(v.ctx_heads.len(), 1);
+        v.mmio_write32(0x941c, GRDOM_RENDER).unwrap();
+        assert!(
+            v.ctx_heads.is_empty(),
+            "a reset kept a dropped context's head"
+        );
+        // After the reset i915 rewrites the image (head 0) and submits again: the work runs.
+        program(&mut v, 0, 0, &store(base, 0x33));
+        elsp(&mut v, desc(base, 0, 5), 0);
+        assert_eq!(v.run_until_idle(), 1);
+        assert_eq!(stored(&v), 0x33);
     }
 }

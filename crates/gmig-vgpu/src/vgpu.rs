@@ -33,7 +33,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::gm::{Gfn, VgpuType};
 use crate::gtt::{ppgtt_frames, Ggtt, GgttLog, GpuView, GttError, GuestRam, Space};
-use crate::mmio::{self, lrc};
+use crate::mmio::{self, desc, lrc};
 use gmig_cmdparser::{Gen, GgttOffset, SliceMove, VgpuSlices};
 
 /// Submissions one engine may have waiting. A frame of the guest-driver model queues one per
@@ -116,8 +116,11 @@ pub struct Vgpu {
     pub(crate) ppgtt_roots: BTreeSet<u64>,
     pub(crate) next_seq: u64,
     pub(crate) write_log: WriteLog,
-    /// Per context (guest-view LRCA): the ring offset up to which work was already submitted
-    /// (the hardware's lite-restore head), so a resubmission walks only the new commands.
+    /// Per context with work pending (guest-view LRCA): the ring offset up to which work was
+    /// already submitted, so a resubmission (the hardware's lite restore) walks only the new
+    /// commands. An entry lives while the context has queued work: once it completes (or a
+    /// reset drops it) the head is in the context image, where the hardware takes it from, so
+    /// a new context at a freed image's address starts where its own image says.
     pub(crate) ctx_heads: BTreeMap<u64, u32>,
     /// Interrupts signalled since this vGPU was created on this host (not migrated: a VMM
     /// compares it before and after running work to know when to signal MSI).
@@ -251,10 +254,16 @@ impl Vgpu {
     fn execute_head(&mut self, limit: crate::exec::Limit) -> Option<(u64, bool)> {
         let live = self.live.take();
         let w = self.queue.front()?;
+        let hwsp = self
+            .sregs
+            .get(&(w.engine.mmio_base_for(self.cfg.gen) + mmio::ring::HWS_PGA))
+            .filter(|h| **h != 0)
+            .map(|h| u64::from(h & 0xffff_f000));
         let (out, live) = crate::exec::execute_span(
             self.cfg.gen,
             self.host_view(w.pml4),
             w,
+            hwsp,
             live,
             limit,
             self.stats.clock,
@@ -291,6 +300,7 @@ impl Vgpu {
         }
         let w = self.queue.pop_front()?;
         self.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
+        self.forget_idle_heads();
         self.switch_out(w.engine, w.seq);
         Some((ran, true))
     }
@@ -300,6 +310,14 @@ impl Vgpu {
     pub(crate) fn execute(&mut self, w: &Workload) {
         self.queue.push_front(w.clone());
         self.execute_head(crate::exec::Limit::ALL);
+    }
+
+    /// Drops the submitted-up-to heads of contexts with no queued work left: their heads are in
+    /// their images now (written back at completion, or rewritten by the driver after a reset).
+    pub(crate) fn forget_idle_heads(&mut self) {
+        let queue = &self.queue;
+        self.ctx_heads
+            .retain(|lrca, _| queue.iter().any(|w| w.desc & desc::LRCA_MASK == *lrca));
     }
 
     pub(crate) fn report_fault(&mut self, fault: GpuFault) {

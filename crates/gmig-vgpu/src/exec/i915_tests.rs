@@ -353,3 +353,75 @@ fn a_queued_i915_request_runs_after_a_restore_onto_other_slices() {
         );
     }
 }
+
+/// Where i915 6.1 puts its flushes' scratch writes: dword 0x34 of the per-process status page
+/// (`LRC_PPHWSP_SCRATCH_ADDR`), the first page of the context image.
+const PPHWSP_SCRATCH: u32 = 0xd0;
+/// A page the PPGTT maps at address 0, where a post-sync write that ignores "store data
+/// index" would land.
+const VA0_RAM: u64 = 6 << 20;
+
+#[test]
+fn store_data_index_writes_land_in_the_contexts_status_page() {
+    let mut s = Setup::new();
+    s.map(0, VA0_RAM);
+    let mut batch = user_batch();
+    let n = batch.len();
+    batch.truncate(n - 2);
+    batch.extend([
+        // MI_FLUSH_DW, post-sync write, store data index: i915's flush on the blitter.
+        0x1320_4002,
+        PPHWSP_SCRATCH,
+        0,
+        0xfeed_0001,
+        // MI_STORE_DATA_INDEX, per-process page, dword 0x40 (IGT's spinners, gem_wsim).
+        0x10a0_0001,
+        0x100,
+        0xfeed_0002,
+        0x0500_0000,
+        0,
+    ]);
+    s.submit(&batch);
+    assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+    let pphwsp = GGTT_RAM + PAGE_SIZE;
+    assert_eq!(s.get(pphwsp + u64::from(PPHWSP_SCRATCH)), 0xfeed_0001);
+    assert_eq!(s.get(pphwsp + 0x100), 0xfeed_0002);
+    for off in [PPHWSP_SCRATCH, 0x100] {
+        assert_eq!(
+            s.get(VA0_RAM + u64::from(off)),
+            0,
+            "an index was used as a PPGTT address"
+        );
+    }
+    assert_eq!(s.breadcrumb(), SEQNO, "the request completed");
+    // The status page is in the candidate set: nothing else names it.
+    let log = s.v.take_write_log();
+    assert!(log.candidate.contains(&crate::gm::Gfn(pphwsp / PAGE_SIZE)));
+}
+
+#[test]
+fn a_user_batch_may_not_index_the_engines_global_status_page() {
+    // MI_STORE_DATA_INDEX without "per-process" writes the engine's own page (i915's kernel
+    // state): refused from a PPGTT batch, as past the page's end is from anywhere.
+    for (cmd, what) in [
+        ([0x1080_0001, 0x300, 0xbad], "global status page"),
+        ([0x10a0_0001, 0x1000, 0xbad], "past the page's end"),
+    ] {
+        let mut s = Setup::new();
+        let mut batch = user_batch();
+        let n = batch.len();
+        batch.truncate(n - 2);
+        batch.extend(cmd);
+        batch.extend([0x0500_0000, 0]);
+        s.submit(&batch);
+        let f = s.v.faults();
+        assert_eq!(f.len(), 1, "{what}: {f:?}");
+        assert_eq!(f[0].kind, FaultKind::Audit, "{what}: {}", f[0].reason);
+        assert_eq!(
+            s.get(GGTT_RAM + 0x300),
+            0,
+            "{what}: the global page was written"
+        );
+        assert_eq!(s.pixel(0, 0), 0, "{what}: nothing of the request ran");
+    }
+}

@@ -105,11 +105,49 @@ impl PipeState {
 struct Ctx<'a> {
     view: GpuView<'a>,
     written: Vec<Gfn>,
+    gen: Gen,
+    engine: gmig_cmdparser::Engine,
+    /// The workload's status pages (host GGTT): the context's per-process page (the first page
+    /// of its image) and the engine's global one (`HWS_PGA`), if the guest set it.
+    per_process_hwsp: u64,
+    global_hwsp: Option<u64>,
+    /// Pages the hardware wrote through a status-page index: no parser write set names them
+    /// (they depend on the context), so they join the candidate set as they are written.
+    indexed: Vec<Gfn>,
 }
 
 impl Ctx<'_> {
     fn write(&mut self, space: Space, addr: u64, data: &[u8]) -> Result<(), GttError> {
         self.view.write(space, addr, data, &mut self.written)
+    }
+
+    /// A store-data-index write of `data` at `offset` into a status page (the audit kept it
+    /// inside the page).
+    fn write_index(&mut self, per_process: bool, offset: u64, data: &[u8]) -> Result<(), GttError> {
+        let page = if per_process {
+            Some(self.per_process_hwsp)
+        } else {
+            self.global_hwsp
+        };
+        // A global page never set: the hardware would write at GGTT 0, outside every slice.
+        let addr = page.unwrap_or(0).saturating_add(offset);
+        let before = self.written.len();
+        let r = self.view.write(Space::Ggtt, addr, data, &mut self.written);
+        self.indexed.extend_from_slice(&self.written[before..]);
+        r
+    }
+
+    /// `cmd`'s store-data-index write, if it makes one (the table's rule).
+    fn index_use(&self, cmd: &ShadowCommand) -> Option<gmig_cmdparser::IndexUse> {
+        let desc = gmig_cmdparser::lookup(self.gen, self.engine, dw(cmd, 0))?;
+        gmig_cmdparser::Decoded {
+            gen: self.gen,
+            engine: self.engine,
+            offset: 0,
+            desc,
+            dwords: &cmd.dwords,
+        }
+        .status_index()
     }
 }
 
@@ -174,7 +212,7 @@ impl Limit {
 /// Executes `w`'s commands against guest memory through `view` (the host addressing the
 /// workload runs in), starting at engine clock `clock`.
 pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Execution {
-    execute_span(gen, view, w, None, Limit::ALL, clock).0
+    execute_span(gen, view, w, None, None, Limit::ALL, clock).0
 }
 
 /// Executes `w` from its next command ([`Workload::next_command`]) until it ends, faults or
@@ -182,11 +220,13 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
 /// engine's state where the last span stopped; without it (after a restore, on another host)
 /// the engine rebuilds it by replaying the state the commands already run set, writing
 /// nothing, as a context restore would load it. Returns the state to continue with when the
-/// workload stopped part-way.
+/// workload stopped part-way. `global_hwsp` is the engine's status page (host GGTT), where
+/// store-data-index writes without "per-process" land.
 pub fn execute_span(
     gen: Gen,
     view: GpuView<'_>,
     w: &Workload,
+    global_hwsp: Option<u64>,
     state: Option<RunState>,
     limit: Limit,
     clock: u64,
@@ -209,6 +249,11 @@ pub fn execute_span(
         let mut ctx = Ctx {
             view,
             written: Vec::new(),
+            gen,
+            engine: crate::shadow::parser_engine(w.engine),
+            per_process_hwsp: w.lrca.0,
+            global_hwsp,
+            indexed: Vec::new(),
         };
         let mut sets = crate::shadow::WriteSets::resume(indirect, &mut candidate);
         for cmd in &w.commands[from..] {
@@ -255,6 +300,7 @@ pub fn execute_span(
             out.log.reach_workloads += 1;
         }
         written.append(&mut ctx.written);
+        candidate.append(&mut ctx.indexed);
     }
     // Sorted, deduplicated bulk builds: far cheaper than inserting page by page.
     written.sort_unstable();
@@ -396,6 +442,19 @@ fn run_mi(
             ctx.write(space, addr, &data)?;
             Ok(Outcome::Executed)
         }
+        "MI_STORE_DATA_INDEX" => {
+            // DW1 the offset into the status page, DW2.. the data.
+            if let Some(u) = ctx.index_use(cmd) {
+                let data: Vec<u8> = cmd
+                    .dwords
+                    .iter()
+                    .skip(2)
+                    .flat_map(|d| d.to_le_bytes())
+                    .collect();
+                ctx.write_index(u.per_process, u.offset, &data)?;
+            }
+            Ok(Outcome::Executed)
+        }
         "MI_LOAD_REGISTER_IMM" => {
             // MI_LOAD_REGISTER_IMM: (register, value) pairs.
             for pair in cmd.dwords.get(1..).unwrap_or(&[]).chunks_exact(2) {
@@ -409,12 +468,6 @@ fn run_mi(
             if op == 0 {
                 return Ok(Outcome::Executed);
             }
-            let space = if dw(cmd, 1) & (1 << 2) != 0 {
-                Space::Ggtt
-            } else {
-                Space::Ppgtt
-            };
-            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 7);
             let value = if op == 1 {
                 u64::from(dw(cmd, 3)) | (u64::from(dw(cmd, 4)) << 32)
             } else {
@@ -425,7 +478,19 @@ fn run_mi(
             } else {
                 8
             };
-            ctx.write(space, addr, &value.to_le_bytes()[..len])?;
+            let bytes = &value.to_le_bytes()[..len];
+            // "Store data index" (DW0 bit 21): DW1 is an offset into the context's status page.
+            if let Some(u) = ctx.index_use(cmd) {
+                ctx.write_index(u.per_process, u.offset, bytes)?;
+                return Ok(Outcome::Executed);
+            }
+            let space = if dw(cmd, 1) & (1 << 2) != 0 {
+                Space::Ggtt
+            } else {
+                Space::Ppgtt
+            };
+            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 7);
+            ctx.write(space, addr, bytes)?;
             Ok(Outcome::Executed)
         }
         _ => Ok(Outcome::Skipped(name)),
@@ -650,16 +715,22 @@ fn run_3d(
             if op == 0 {
                 return Ok(Outcome::Executed);
             }
+            let value = match op {
+                1 => u64::from(dw(cmd, 4)) | (u64::from(dw(cmd, 5)) << 32),
+                _ => clock,
+            };
+            // "Store data index" (DW1 bit 21): DW2 is an offset into the context's status page
+            // (i915's render flush writes its scratch dword there).
+            if let Some(u) = ctx.index_use(cmd) {
+                ctx.write_index(u.per_process, u.offset, &value.to_le_bytes())?;
+                return Ok(Outcome::Executed);
+            }
             let sp = if dw(cmd, 1) & (1 << 24) != 0 {
                 Space::Ggtt
             } else {
                 Space::Ppgtt
             };
             let addr = addr48(dw(cmd, 2), dw(cmd, 3), 7);
-            let value = match op {
-                1 => u64::from(dw(cmd, 4)) | (u64::from(dw(cmd, 5)) << 32),
-                _ => clock,
-            };
             ctx.write(sp, addr, &value.to_le_bytes())?;
             Ok(Outcome::Executed)
         }
