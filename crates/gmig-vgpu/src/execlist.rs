@@ -538,4 +538,26 @@ mod tests {
         assert_eq!(v.run_until_idle(), 1);
         assert_eq!(stored(&v), 0x33);
     }
+
+    #[test]
+    fn a_context_accumulates_its_runtime_in_its_image() {
+        let (mut v, base) = setup();
+        let per = crate::regs::clock::TICKS_PER_COMMAND;
+        let runtime = |v: &Vgpu| -> u32 {
+            let state = (1 << 20) + PAGE_SIZE + lrc::STATE_OFFSET;
+            v.guest_memory()
+                .read_obj(GuestAddress(state + 4 * lrc::CTX_TIMESTAMP as u64))
+                .unwrap()
+        };
+        let two: Vec<u32> = [store(base, 1), store(base, 2)].concat();
+        program(&mut v, 0, 0, &two);
+        elsp(&mut v, desc(base, 0, 5), 0);
+        assert_eq!(v.run_until_idle(), 1);
+        assert_eq!(runtime(&v), 2 * per);
+        let three: Vec<u32> = [&two[..], &store(base, 3)].concat();
+        program(&mut v, 0, 32, &three);
+        elsp(&mut v, desc(base, 0, 5), 0);
+        assert_eq!(v.run_until_idle(), 1);
+        assert_eq!(runtime(&v), 3 * per, "the runtime restarted");
+    }
 }

@@ -272,6 +272,9 @@ pub mod lrc {
     pub const BB_HEAD_U: usize = 0x0c + 1;
     /// `CTX_BB_HEAD_L`.
     pub const BB_HEAD_L: usize = 0x0e + 1;
+    /// `CTX_TIMESTAMP`: the context's accumulated runtime in 12 MHz ticks (saved by the
+    /// hardware when the context switches out; i915 reads it for busyness).
+    pub const CTX_TIMESTAMP: usize = 0x22 + 1;
     /// `CTX_PDP0_UDW`: upper half of the PML4 address (4-level PPGTT).
     pub const PDP0_UDW: usize = 0x30 + 1;
     /// `CTX_PDP0_LDW`: lower half of the PML4 address.

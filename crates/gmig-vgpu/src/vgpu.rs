@@ -300,6 +300,14 @@ impl Vgpu {
         }
         let w = self.queue.pop_front()?;
         self.write_ctx_state(w.lrca, lrc::RING_HEAD, w.ring_tail);
+        // The context's runtime, as the context save writes it: modelled from the commands run
+        // (deterministic, unlike the free-running RING_TIMESTAMP).
+        let runtime = self
+            .read_ctx_state(Some(w.lrca), lrc::CTX_TIMESTAMP)
+            .unwrap_or(0);
+        let commands = u32::try_from(w.commands.len()).unwrap_or(u32::MAX);
+        let ticks = commands.saturating_mul(crate::regs::clock::TICKS_PER_COMMAND);
+        self.write_ctx_state(w.lrca, lrc::CTX_TIMESTAMP, runtime.wrapping_add(ticks));
         self.forget_idle_heads();
         self.switch_out(w.engine, w.seq);
         Some((ran, true))

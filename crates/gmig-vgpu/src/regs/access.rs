@@ -187,6 +187,14 @@ impl Vgpu {
             Behaviour::Handler(Handler::MasterIrq) => {
                 (v & MASTER_IRQ_CONTROL) | self.gt_irq_summary()
             }
+            Behaviour::Handler(Handler::Timestamp { udw }) => {
+                let t = super::clock::ticks_now();
+                if udw {
+                    (t >> 32) as u32
+                } else {
+                    t as u32
+                }
+            }
             _ => v,
         }
     }
@@ -254,6 +262,7 @@ impl Vgpu {
                     let req = merged & request;
                     (merged & !(request | (request >> 1))) | req | (req >> 1)
                 }
+                Handler::Timestamp { .. } => return Ok(()),
                 Handler::AuxCtl => {
                     if merged & AUX_SEND_BUSY != 0 {
                         // No sink: the transaction ends at once, timed out.

@@ -14,6 +14,7 @@
 //! (MI_MODE) and `intel_execlists_submission.c` (CSB). The facts are theirs, the code ours.
 
 pub mod access;
+pub mod clock;
 pub mod irq;
 pub mod table;
 #[cfg(test)]
@@ -123,6 +124,12 @@ pub enum Handler {
     /// `DP_AUX_CH_CTL`: a transaction completes at once with a receive timeout (no sink
     /// answers: the vGPU has no panel); writing the status bits clears them.
     AuxCtl,
+    /// `RING_TIMESTAMP` (`udw`: its upper dword) and `CTX_TIMESTAMP`: the 12 MHz count
+    /// ([`clock`]); writes are ignored.
+    Timestamp {
+        /// The upper 32 bits.
+        udw: bool,
+    },
 }
 
 /// One modelled register.

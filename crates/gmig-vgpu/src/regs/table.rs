@@ -7,7 +7,7 @@ use super::Block::{
 };
 use super::Handler::{
     AuxCtl, CsbPointer, Elsp, EngineResetCtl, GraphicsReset, GtIir, GtMaskOrEnable, MasterIrq,
-    MiMode, PcodeMailbox, RequestAcked,
+    MiMode, PcodeMailbox, RequestAcked, Timestamp,
 };
 use super::{cmd_reg, reg, Reg};
 
@@ -289,7 +289,20 @@ pub const ABSOLUTE: &[Reg] = &[
         8,
         ReadOnly,
     ),
+    // RPS limits (MCHBAR mirror): RP0 1100 MHz, RP1 550 MHz, RPn 300 MHz in 50 MHz units
+    // (i915 reads them for its frequency range even though it leaves RPS off on a vGPU).
+    reg(
+        0x14_5998,
+        "GEN6_RP_STATE_CAP",
+        Power,
+        SKL_RP_STATE_CAP,
+        ReadOnly,
+    ),
 ];
+
+/// `GEN6_RP_STATE_CAP` of the modelled GT2: RPn (bits 23:16) 6, RP1 (15:8) 11, RP0 (7:0) 22, in
+/// 50 MHz units.
+pub const SKL_RP_STATE_CAP: u32 = (6 << 16) | (11 << 8) | 22;
 
 /// `GEN8_FUSE2` of a GT2 Skylake: slice 0 enabled (`GEN8_F2_S_ENA`, bits 27:25), subslice 3
 /// disabled (`GEN9_F2_SS_DIS`, bits 23:20).
@@ -319,6 +332,21 @@ pub const ENGINE: &[Reg] = &[
     reg(0x234, "RING_EXECLIST_STATUS_LO", Execlist, 0, ReadOnly),
     reg(0x238, "RING_EXECLIST_STATUS_HI", Execlist, 0, ReadOnly),
     cmd_reg(0x29c, "RING_MODE_GEN7", Ring, 0, Masked),
+    // The 12 MHz timestamp (both dwords), and the running context's.
+    reg(
+        0x358,
+        "RING_TIMESTAMP",
+        Ring,
+        0,
+        H(Timestamp { udw: false }),
+    ),
+    reg(
+        0x35c,
+        "RING_TIMESTAMP_UDW",
+        Ring,
+        0,
+        H(Timestamp { udw: true }),
+    ),
     reg(
         0x370,
         "RING_CONTEXT_STATUS_BUF_LO(0)",
@@ -410,5 +438,12 @@ pub const ENGINE: &[Reg] = &[
         Execlist,
         0x0707,
         H(CsbPointer),
+    ),
+    reg(
+        0x3a8,
+        "RING_CTX_TIMESTAMP",
+        Ring,
+        0,
+        H(Timestamp { udw: false }),
     ),
 ];

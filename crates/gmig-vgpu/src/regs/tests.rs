@@ -155,3 +155,32 @@ fn commands_write_masked_registers_as_the_cpu_does() {
     v.command_reg_write(0x2600, 0xdead_beef);
     assert_eq!(v.mmio_read32(0x2600).unwrap(), 0xdead_beef);
 }
+
+/// i915's `intel_uncore_read64_2x32` of `RING_TIMESTAMP` on `base`.
+fn timestamp(v: &Vgpu, base: u32) -> u64 {
+    let lo = v.mmio_read32(base + 0x358).unwrap();
+    let hi = v.mmio_read32(base + 0x35c).unwrap();
+    u64::from(lo) | (u64::from(hi) << 32)
+}
+
+#[test]
+fn timestamps_count_at_12_mhz_on_every_engine_and_ignore_writes() {
+    let mut v = vgpu();
+    for base in [0x2000, 0x2_2000, 0x1_2000, 0x1_a000] {
+        let a = timestamp(&v, base);
+        v.mmio_write32(base + 0x358, 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let b = timestamp(&v, base);
+        // At least 5 ms at 12 MHz (a sleep never returns early); no upper bound on a busy host.
+        assert!(b >= a + 60_000, "{base:#x}: {a} -> {b}");
+        assert!(v.mmio_read32(base + 0x3a8).unwrap() != 0, "CTX_TIMESTAMP");
+    }
+}
+
+#[test]
+fn the_rps_limits_are_those_of_a_skylake_gt2() {
+    let v = vgpu();
+    let cap = v.mmio_read32(0x14_5998).unwrap();
+    let (rp0, rp1, rpn) = (cap & 0xff, (cap >> 8) & 0xff, (cap >> 16) & 0xff);
+    assert!(rp0 >= rp1 && rp1 >= rpn && rpn > 0, "{cap:#x}");
+}
