@@ -1,9 +1,11 @@
 //! The audit: what a mediated parser must check before a guest's commands reach the GPU.
 //!
 //! A command passes when
-//! - it is not one of the refused commands (MI_UPDATE_GTT, MI_STORE_DATA_INDEX, MI_CLFLUSH,
-//!   MI_CONDITIONAL_BATCH_BUFFER_END, MI_SEMAPHORE_WAIT, MI_REPORT_PERF_COUNT, MI_COPY_MEM_MEM
-//!   (GVT-g's "MI_OP_2E"), and MI_SET_CONTEXT / MI_DISPLAY_FLIP, which a vGPU does not expose);
+//! - it is not one of the refused commands (MI_UPDATE_GTT, MI_CLFLUSH, MI_REPORT_PERF_COUNT,
+//!   MI_COPY_MEM_MEM (GVT-g's "MI_OP_2E"), and MI_SET_CONTEXT / MI_DISPLAY_FLIP, which a vGPU
+//!   does not expose). MI_STORE_DATA_INDEX, MI_CONDITIONAL_BATCH_BUFFER_END and
+//!   MI_SEMAPHORE_WAIT are admitted as GVT-g's scanner admits them, their addresses checked like
+//!   any other (the index of a store-data-index write against its status page);
 //! - its address layout is modelled, or it runs in an unprivileged (PPGTT) batch where it cannot
 //!   reach the GGTT;
 //! - every GGTT range it uses lies wholly inside the vGPU's aperture slice or wholly inside its

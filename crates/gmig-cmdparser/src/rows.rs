@@ -326,7 +326,6 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
     mi("MI_SEMAPHORE_SIGNAL", 0x1b, v(8)).exact(2),
     mi("MI_SEMAPHORE_WAIT", 0x1c, v(8))
         .exact(4)
-        .flags(REFUSED)
         .addrs(SEMA_WAIT),
     mi("MI_FORCE_WAKEUP", 0x1d, v(8))
         .exact(2)
@@ -374,9 +373,7 @@ pub(crate) static COMMANDS: &[CommandDesc] = &[
         .exact(3)
         .addrs(BB_START)
         .hook(Hook::BatchStart),
-    mi("MI_CONDITIONAL_BATCH_BUFFER_END", 0x36, v(8))
-        .flags(REFUSED)
-        .addrs(COND_BB_END),
+    mi("MI_CONDITIONAL_BATCH_BUFFER_END", 0x36, v(8)).addrs(COND_BB_END),
     // ---- 2D (type 2), blitter ------------------------------------------------------------------
     blt("XY_SETUP_BLT", 0x01).addrs(XY_SETUP),
     blt("XY_SETUP_CLIP_BLT", 0x03),

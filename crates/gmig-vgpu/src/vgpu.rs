@@ -259,11 +259,16 @@ impl Vgpu {
             .get(&(w.engine.mmio_base_for(self.cfg.gen) + mmio::ring::HWS_PGA))
             .filter(|h| **h != 0)
             .map(|h| u64::from(h & 0xffff_f000));
+        let regs = |r: u32| self.mmio_read32(r).unwrap_or(0);
+        let io = crate::exec::EngineIo {
+            regs: &regs,
+            global_hwsp: hwsp,
+        };
         let (out, live) = crate::exec::execute_span(
             self.cfg.gen,
             self.host_view(w.pml4),
             w,
-            hwsp,
+            io,
             live,
             limit,
             self.stats.clock,
@@ -292,7 +297,10 @@ impl Vgpu {
             }),
             (None, Some(next)) => {
                 let w = self.queue.front_mut()?;
-                w.preempted = Preemption::at(&w.commands, next);
+                // Stopped before its first command (a semaphore not signalled yet): not started.
+                w.preempted = (next > 0)
+                    .then(|| Preemption::at(&w.commands, next))
+                    .flatten();
                 self.live = live;
                 return Some((ran, false));
             }

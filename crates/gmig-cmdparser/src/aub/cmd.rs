@@ -196,7 +196,7 @@ pub fn update_gtt(entry_offset: u32, pte: u64) -> [u32; 4] {
     [0x1180_0002, entry_offset, pte as u32, (pte >> 32) as u32]
 }
 
-/// `MI_SEMAPHORE_WAIT` polling `addr` (a command a mediated parser must refuse).
+/// `MI_SEMAPHORE_WAIT` polling the GGTT dword at `addr` until it equals `value`.
 #[must_use]
 pub fn semaphore_wait(addr: u64, value: u32) -> [u32; 4] {
     [0x0e00_8002 | (1 << 22), value, lo(addr), hi(addr)]

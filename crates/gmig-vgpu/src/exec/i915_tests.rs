@@ -425,3 +425,121 @@ fn a_user_batch_may_not_index_the_engines_global_status_page() {
         assert_eq!(s.pixel(0, 0), 0, "{what}: nothing of the request ran");
     }
 }
+
+/// A user batch of `cmds` (after the usual fills) ending the batch, run on the blitter.
+fn run_batch(cmds: &[u32]) -> Setup {
+    let mut s = Setup::new();
+    let mut batch = user_batch();
+    let n = batch.len();
+    batch.truncate(n - 2);
+    batch.extend(cmds);
+    batch.extend([0x0500_0000, 0]);
+    s.submit(&batch);
+    assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+    s
+}
+
+const GPR0: u32 = BCS + 0x600;
+const LRI1: u32 = 0x1100_0001;
+const SRM_PPGTT: u32 = 0x1200_0002;
+
+#[test]
+fn register_commands_and_mi_math_run_on_the_engines_gprs() {
+    let srm = |reg: u32, off: u32| [SRM_PPGTT, reg, STATUS_VA as u32 + off, 0];
+    let s = run_batch(
+        &[
+            // GPR0 = 0xffff_fff0_0000_0005, GPR1 = 0x10 (LRI), GPR2 = GPR1 (LRR).
+            &[LRI1, GPR0, 5][..],
+            &[LRI1, GPR0 + 4, 0xffff_fff0],
+            &[LRI1, GPR0 + 8, 0x10],
+            &[0x1500_0001, GPR0 + 8, GPR0 + 16],
+            // MI_MATH: GPR3 = GPR0 + GPR2 (carry out of the top), GPR4 = CF, GPR5 = GPR2 ^ GPR2
+            // and GPR6 = ZF.
+            &[
+                0x0d00_000a,
+                0x0800_8000, // LOAD SRCA, R0
+                0x0800_8402, // LOAD SRCB, R2
+                0x1000_0000, // ADD
+                0x1800_0c31, // STORE R3, ACCU
+                0x1800_1033, // STORE R4, CF
+                0x0800_8002, // LOAD SRCA, R2
+                0x0800_8402, // LOAD SRCB, R2
+                0x1040_0000, // XOR
+                0x1800_1431, // STORE R5, ACCU
+                0x1800_1832, // STORE R6, ZF
+                0x5800_1c02, // STOREINV R7, R2
+            ],
+            // Store them to memory (SRM), and load one back from memory (LRM).
+            &srm(GPR0 + 24, 0x40),
+            &srm(GPR0 + 28, 0x44),
+            &srm(GPR0 + 32, 0x48),
+            &srm(GPR0 + 40, 0x4c),
+            &srm(GPR0 + 48, 0x50),
+            &srm(GPR0 + 56, 0x54),
+            &[0x1480_0002, GPR0 + 64, STATUS_VA as u32 + 0x40, 0],
+            &srm(GPR0 + 64, 0x58),
+        ]
+        .concat(),
+    );
+    let at = |off: u64| s.get(STATUS_RAM + off);
+    // 0xffff_fff0_0000_0005 + 0x10 = 0xffff_fff0_0000_0015, no carry.
+    assert_eq!((at(0x40), at(0x44)), (0x15, 0xffff_fff0), "ADD");
+    assert_eq!(at(0x48), 0, "CF");
+    assert_eq!(at(0x4c), 0, "XOR");
+    assert_eq!(at(0x50), u32::MAX, "ZF as all ones");
+    assert_eq!(at(0x54), !0x10, "STOREINV");
+    assert_eq!(at(0x58), 0x15, "LRM then SRM");
+    // The registers the batch wrote are the device's now.
+    assert_eq!(s.v.mmio_read32(GPR0 + 8).unwrap(), 0x10);
+    assert_eq!(s.v.mmio_read32(GPR0 + 16).unwrap(), 0x10);
+}
+
+#[test]
+fn a_conditional_batch_end_ends_the_batch_when_its_dword_is_at_most_the_data() {
+    // IGT's spinner test: compare the condition dword with MI_BATCH_BUFFER_END.
+    const CONDITION: u32 = STATUS_VA as u32 + 0x80;
+    let cond_end = [0x1b20_0002, 0x0500_0000, CONDITION, 0];
+    let store = |v: u32| [0x1000_0002, STATUS_VA as u32 + 0x84, 0, v];
+    for (condition, ends) in [(0x1880_0101, false), (0x0500_0000, true)] {
+        let mut s = Setup::new();
+        s.put(STATUS_RAM + 0x80, &[condition]);
+        let mut batch = user_batch();
+        let n = batch.len();
+        batch.truncate(n - 2);
+        batch.extend(store(1));
+        batch.extend(cond_end);
+        batch.extend(store(2));
+        batch.extend([0x0500_0000, 0]);
+        s.submit(&batch);
+        assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+        let want = if ends { 1 } else { 2 };
+        assert_eq!(s.get(STATUS_RAM + 0x84), want, "condition {condition:#x}");
+        // Only the batch ended: the ring's final breadcrumb ran.
+        assert_eq!(s.breadcrumb(), SEQNO, "condition {condition:#x}");
+    }
+}
+
+#[test]
+fn a_semaphore_wait_holds_the_workload_until_its_dword_is_written() {
+    const SEMA: u32 = STATUS_VA as u32 + 0xc0;
+    // Poll mode, "equal": wait until the dword is 7.
+    let wait = [0x0e00_c002, 7, SEMA, 0];
+    let store = [0x1000_0002, STATUS_VA as u32 + 0xc4, 0, 9];
+    let mut s = Setup::new();
+    let mut batch = user_batch();
+    let n = batch.len();
+    batch.truncate(n - 2);
+    batch.extend(wait);
+    batch.extend(store);
+    batch.extend([0x0500_0000, 0]);
+    s.submit(&batch);
+    assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+    assert_eq!(s.get(STATUS_RAM + 0xc4), 0, "ran past an unmet semaphore");
+    assert_eq!(s.breadcrumb(), SEQNO - 1, "the request completed");
+    assert_eq!(s.v.queued(), 1);
+    // The CPU signals; the engine goes on from the wait.
+    s.put(STATUS_RAM + 0xc0, &[7]);
+    assert_eq!(s.v.run_until_idle(), 1);
+    assert_eq!(s.get(STATUS_RAM + 0xc4), 9);
+    assert_eq!(s.breadcrumb(), SEQNO);
+}

@@ -15,7 +15,7 @@
 //! draw writes: it takes the parser's. Its writes are recorded separately
 //! ([`crate::work::WriteLog::actual`]) so tests can check candidate sets stay sound.
 
-use gmig_cmdparser::{Footprint, Gen, SurfaceRole};
+use gmig_cmdparser::{BatchLevel, Footprint, Gen, SurfaceRole};
 
 use crate::gm::Gfn;
 use crate::gtt::{GpuView, GttError, Space};
@@ -107,6 +107,9 @@ struct Ctx<'a> {
     written: Vec<Gfn>,
     gen: Gen,
     engine: gmig_cmdparser::Engine,
+    /// The engine's MMIO base (its general purpose registers sit above it).
+    mmio_base: u32,
+    regs: mi::RegFile<'a>,
     /// The workload's status pages (host GGTT): the context's per-process page (the first page
     /// of its image) and the engine's global one (`HWS_PGA`), if the guest set it.
     per_process_hwsp: u64,
@@ -212,7 +215,22 @@ impl Limit {
 /// Executes `w`'s commands against guest memory through `view` (the host addressing the
 /// workload runs in), starting at engine clock `clock`.
 pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Execution {
-    execute_span(gen, view, w, None, None, Limit::ALL, clock).0
+    let regs = |_| 0;
+    let io = EngineIo {
+        regs: &regs,
+        global_hwsp: None,
+    };
+    execute_span(gen, view, w, io, None, Limit::ALL, clock).0
+}
+
+/// What the engine reaches of the device besides memory while it runs a workload.
+#[derive(Clone, Copy)]
+pub struct EngineIo<'a> {
+    /// Reads a register as the guest would (register loads and stores, `MI_MATH`'s GPRs).
+    pub regs: &'a dyn Fn(u32) -> u32,
+    /// The engine's global status page (host GGTT), where store-data-index writes without
+    /// "per-process" land.
+    pub global_hwsp: Option<u64>,
 }
 
 /// Executes `w` from its next command ([`Workload::next_command`]) until it ends, faults or
@@ -220,13 +238,13 @@ pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Executi
 /// engine's state where the last span stopped; without it (after a restore, on another host)
 /// the engine rebuilds it by replaying the state the commands already run set, writing
 /// nothing, as a context restore would load it. Returns the state to continue with when the
-/// workload stopped part-way. `global_hwsp` is the engine's status page (host GGTT), where
-/// store-data-index writes without "per-process" land.
-pub fn execute_span(
+/// workload stopped part-way. An `MI_SEMAPHORE_WAIT` whose condition does not hold stops the
+/// span before it as a limit would.
+pub fn execute_span<'a>(
     gen: Gen,
-    view: GpuView<'_>,
+    view: GpuView<'a>,
     w: &Workload,
-    global_hwsp: Option<u64>,
+    io: EngineIo<'a>,
     state: Option<RunState>,
     limit: Limit,
     clock: u64,
@@ -251,12 +269,14 @@ pub fn execute_span(
             written: Vec::new(),
             gen,
             engine: crate::shadow::parser_engine(w.engine),
+            mmio_base: w.engine.mmio_base_for(gen),
+            regs: mi::RegFile::new(io.regs),
             per_process_hwsp: w.lrca.0,
-            global_hwsp,
+            global_hwsp: io.global_hwsp,
             indexed: Vec::new(),
         };
         let mut sets = crate::shadow::WriteSets::resume(indirect, &mut candidate);
-        for cmd in &w.commands[from..] {
+        while let Some(cmd) = w.commands.get(at) {
             let ran = (at - from) as u64;
             if ran > 0
                 && (ran >= limit.commands
@@ -285,6 +305,17 @@ pub fn execute_span(
             match run_command(&mut ctx, &mut pipe, cmd, work, &mut effects) {
                 Ok(Outcome::Executed) => out.executed += 1,
                 Ok(Outcome::Skipped(name)) => out.skipped.push(name),
+                Ok(Outcome::EndBatch) => {
+                    out.executed += 1;
+                    at = batch_end(&w.commands, at, cmd.ctx.level);
+                }
+                Ok(Outcome::Wait) => {
+                    // Not run: the span stops before it, to try it again later.
+                    at -= 1;
+                    out.clock -= 1;
+                    out.next = Some(at);
+                    break;
+                }
                 Err(e) => {
                     out.fault = Some(format!(
                         "{e} at {:#x} ({:?})",
@@ -344,9 +375,28 @@ fn replay(
     (sets.state, pipe)
 }
 
+/// The index of the first command after `from` that is not in the batch a conditional end at
+/// `level` ended (nor in a batch that one called): a first-level batch returns to the ring, a
+/// second-level one to its caller.
+fn batch_end(commands: &[ShadowCommand], from: usize, level: BatchLevel) -> usize {
+    let inside = |l: BatchLevel| match level {
+        BatchLevel::Ring => false,
+        BatchLevel::First => l != BatchLevel::Ring,
+        BatchLevel::Second => l == BatchLevel::Second,
+    };
+    commands
+        .get(from..)
+        .and_then(|rest| rest.iter().position(|c| !inside(c.ctx.level)))
+        .map_or(commands.len(), |i| from + i)
+}
+
 enum Outcome {
     Executed,
     Skipped(&'static str),
+    /// `MI_CONDITIONAL_BATCH_BUFFER_END` ended the batch it sits in.
+    EndBatch,
+    /// `MI_SEMAPHORE_WAIT` found its condition unmet: the command runs again later.
+    Wait,
 }
 
 fn dw(cmd: &ShadowCommand, i: usize) -> u32 {
@@ -372,7 +422,7 @@ fn run_command(
         return run_work(ctx, pipe, cmd, fp);
     }
     match dw(cmd, 0) >> 29 {
-        0 => run_mi(ctx, cmd, work.name, work.clock, effects),
+        0 => mi::run_mi(ctx, cmd, work.name, work.clock, effects),
         2 => run_2d(ctx, cmd, work.name),
         _ => run_3d(ctx, pipe, cmd, work.name, work.clock),
     }
@@ -408,93 +458,6 @@ fn run_work(
         )?;
     }
     Ok(Outcome::Executed)
-}
-
-fn run_mi(
-    ctx: &mut Ctx<'_>,
-    cmd: &ShadowCommand,
-    name: &'static str,
-    clock: u64,
-    effects: &mut Vec<SideEffect>,
-) -> Result<Outcome, GttError> {
-    let d0 = dw(cmd, 0);
-    match name {
-        "MI_USER_INTERRUPT" => {
-            effects.push(SideEffect::Interrupt);
-            Ok(Outcome::Executed)
-        }
-        // Flow was already followed by the walk.
-        "MI_NOOP" | "MI_BATCH_BUFFER_END" | "MI_BATCH_BUFFER_START" => Ok(Outcome::Executed),
-        "MI_STORE_DATA_IMM" => {
-            // MI_STORE_DATA_IMM: DW1-2 address, DW3.. data.
-            let space = if d0 & (1 << 22) != 0 {
-                Space::Ggtt
-            } else {
-                Space::Ppgtt
-            };
-            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 3);
-            let data: Vec<u8> = cmd
-                .dwords
-                .iter()
-                .skip(3)
-                .flat_map(|d| d.to_le_bytes())
-                .collect();
-            ctx.write(space, addr, &data)?;
-            Ok(Outcome::Executed)
-        }
-        "MI_STORE_DATA_INDEX" => {
-            // DW1 the offset into the status page, DW2.. the data.
-            if let Some(u) = ctx.index_use(cmd) {
-                let data: Vec<u8> = cmd
-                    .dwords
-                    .iter()
-                    .skip(2)
-                    .flat_map(|d| d.to_le_bytes())
-                    .collect();
-                ctx.write_index(u.per_process, u.offset, &data)?;
-            }
-            Ok(Outcome::Executed)
-        }
-        "MI_LOAD_REGISTER_IMM" => {
-            // MI_LOAD_REGISTER_IMM: (register, value) pairs.
-            for pair in cmd.dwords.get(1..).unwrap_or(&[]).chunks_exact(2) {
-                effects.push(SideEffect::Reg(pair[0] & 0x7f_fffc, pair[1]));
-            }
-            Ok(Outcome::Executed)
-        }
-        "MI_FLUSH_DW" => {
-            // MI_FLUSH_DW: post-sync op in DW0 15:14, DW1 bit 2 = GGTT.
-            let op = (d0 >> 14) & 3;
-            if op == 0 {
-                return Ok(Outcome::Executed);
-            }
-            let value = if op == 1 {
-                u64::from(dw(cmd, 3)) | (u64::from(dw(cmd, 4)) << 32)
-            } else {
-                clock
-            };
-            let len = if op == 1 && cmd.dwords.len() < 5 {
-                4
-            } else {
-                8
-            };
-            let bytes = &value.to_le_bytes()[..len];
-            // "Store data index" (DW0 bit 21): DW1 is an offset into the context's status page.
-            if let Some(u) = ctx.index_use(cmd) {
-                ctx.write_index(u.per_process, u.offset, bytes)?;
-                return Ok(Outcome::Executed);
-            }
-            let space = if dw(cmd, 1) & (1 << 2) != 0 {
-                Space::Ggtt
-            } else {
-                Space::Ppgtt
-            };
-            let addr = addr48(dw(cmd, 1), dw(cmd, 2), 7);
-            ctx.write(space, addr, bytes)?;
-            Ok(Outcome::Executed)
-        }
-        _ => Ok(Outcome::Skipped(name)),
-    }
 }
 
 fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<Outcome, GttError> {
@@ -738,6 +701,8 @@ fn run_3d(
         _ => Ok(Outcome::Skipped(name)),
     }
 }
+
+mod mi;
 
 #[cfg(test)]
 mod i915_tests;
