@@ -25,6 +25,7 @@ pub mod checkpoint;
 pub mod compare;
 pub mod exec;
 pub mod execlist;
+pub mod fence;
 pub mod gm;
 pub mod gtt;
 #[cfg(feature = "engine")]

@@ -294,28 +294,37 @@ fn reg_offset(offset: u64, len: usize) -> Option<u32> {
         .then_some(off)
 }
 
-/// A CPU read through the aperture (BAR2): GGTT offset `offset` in the guest's view, translated
-/// by the vGPU's GGTT to guest memory. Unmapped or out-of-slice bytes read as zeroes.
+/// A CPU read through the aperture (BAR2): GGTT offset `offset` in the guest's view, detiled
+/// through a fence that covers it ([`crate::fence`]) and translated by the vGPU's GGTT to guest
+/// memory. Unmapped or out-of-slice bytes read as zeroes.
 pub fn aperture_read(vgpu: &Vgpu, offset: u64, data: &mut [u8]) {
-    if vgpu
-        .guest_gpu_view(None)
-        .read(Space::Ggtt, offset, data)
-        .is_err()
-    {
-        data.fill(0);
+    let view = vgpu.guest_gpu_view(None);
+    let mut done = 0usize;
+    for (addr, n) in vgpu.aperture_ranges(offset, data.len() as u64) {
+        let part = &mut data[done..done + n as usize];
+        if view.read(Space::Ggtt, addr, part).is_err() {
+            part.fill(0);
+        }
+        done += n as usize;
     }
 }
 
-/// A CPU write through the aperture (BAR2); writes to unmapped or out-of-slice offsets are
-/// dropped. Returns the guest frames written (the device wrote them: they belong in DMA logging).
+/// A CPU write through the aperture (BAR2), detiled as [`aperture_read`]; writes to unmapped
+/// or out-of-slice offsets are dropped. Returns the guest frames written (the device wrote
+/// them: they belong in DMA logging).
 pub fn aperture_write(vgpu: &Vgpu, offset: u64, data: &[u8]) -> Vec<crate::gm::Gfn> {
+    let view = vgpu.guest_gpu_view(None);
     let mut pages = Vec::new();
-    if vgpu
-        .guest_gpu_view(None)
-        .write(Space::Ggtt, offset, data, &mut pages)
-        .is_err()
-    {
-        pages.clear();
+    let mut done = 0usize;
+    for (addr, n) in vgpu.aperture_ranges(offset, data.len() as u64) {
+        let mut part = Vec::new();
+        if view
+            .write(Space::Ggtt, addr, &data[done..done + n as usize], &mut part)
+            .is_ok()
+        {
+            pages.append(&mut part);
+        }
+        done += n as usize;
     }
     pages
 }
@@ -519,5 +528,44 @@ mod tests {
         let mut e = [0u8; 8];
         bar0_read(&v, entry, &mut e);
         assert_eq!(u64::from_le_bytes(e), 0x5001);
+    }
+
+    #[test]
+    fn aperture_accesses_through_a_fence_are_detiled() {
+        use vm_memory::{Bytes, GuestAddress};
+        let mut v = vgpu();
+        // Two aperture pages mapped to guest frames 8 and 9, X-tiled with a 1024-byte pitch
+        // (two tiles across, 8 rows: gem_tiled_pread_basic's layout in small).
+        let ap = v.guest_view().aperture.base.0;
+        for p in 0..2u64 {
+            let entry = u64::from(mmio::GTT_MMIO_BASE) + (ap / 4096 + p) * 8;
+            bar0_write(&mut v, entry, &(((8 + p) << 12) | 1).to_le_bytes());
+        }
+        let fence = u64::from(mmio::FENCE_REG_BASE);
+        bar0_write(&mut v, fence + 4, &((ap as u32 + 0x1000) | 7).to_le_bytes());
+        bar0_write(&mut v, fence, &(ap as u32 | 1).to_le_bytes());
+        // The CPU writes row r's first dword as r, linearly.
+        for row in 0..8u64 {
+            aperture_write(&v, ap + row * 1024, &(row as u32).to_le_bytes());
+        }
+        let ram = |at: u64| -> u32 { v.guest_memory().read_obj(GuestAddress(at)).unwrap() };
+        for row in 0..8u64 {
+            // In memory: tile 0 (frame 8) holds the left 512 bytes of each row, 512 apart.
+            assert_eq!(ram(8 * 4096 + row * 512), row as u32, "row {row}");
+        }
+        // A write across a tile's edge splits: bytes 508..516 of row 0.
+        let pages = aperture_write(&v, ap + 508, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(pages, vec![crate::gm::Gfn(8), crate::gm::Gfn(9)]);
+        assert_eq!(ram(8 * 4096 + 508), u32::from_le_bytes([1, 2, 3, 4]));
+        assert_eq!(ram(9 * 4096), u32::from_le_bytes([5, 6, 7, 8]));
+        let mut back = [0u8; 8];
+        aperture_read(&v, ap + 508, &mut back);
+        assert_eq!(back, [1, 2, 3, 4, 5, 6, 7, 8]);
+        // Without the fence the same offsets are memory as it is: offset 1024 is the third
+        // 512-byte row of tile 0 (row 2's), not row 1.
+        bar0_write(&mut v, fence, &(ap as u32).to_le_bytes());
+        let mut linear = [0u8; 4];
+        aperture_read(&v, ap + 1024, &mut linear);
+        assert_eq!(u32::from_le_bytes(linear), 2);
     }
 }
