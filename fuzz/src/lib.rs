@@ -24,9 +24,72 @@ pub fn keep_heap() {
 }
 
 use gmig_cmdparser::{
-    audit, audit_walk, remap_in_place, remap_walk, walk, AddressSpace, BatchContext, Budget,
-    Decoder, Engine, Gen, GgttOffset, PageMemory, RingSpan, Slice, SliceMove, VgpuSlices,
+    audit, audit_walk, audit_widened, decode_one, redirect_null_uses, remap_in_place, remap_walk,
+    walk, AddressSpace, BatchContext, Budget, CmdRegister, Decoder, Engine, Gen, GgttOffset,
+    PageMemory, RingSpan, Slice, SliceMove, VgpuSlices, Widening, GTT_PAGE_SIZE,
 };
+
+/// A device's additions as a vGPU makes them (a few of its command-access rows, null state
+/// pointers admitted), for the widened audit.
+const CMD_REGISTERS: [CmdRegister; 3] = [
+    CmdRegister {
+        offset: 0x7014,
+        engine: Engine::Render,
+    },
+    CmdRegister {
+        offset: 0x229c,
+        engine: Engine::Render,
+    },
+    CmdRegister {
+        offset: 0x2_229c,
+        engine: Engine::Blitter,
+    },
+];
+const WIDENING: Widening<'static> = Widening {
+    cmd_registers: &CMD_REGISTERS,
+    null_state_pointers: true,
+};
+
+/// The widened audit's guarantees on one command: it admits whatever the audit admits; what it
+/// admits keeps its store-data-index write inside its page; and the shadow copy (null pointers
+/// redirected into the slices) passes with null pointers no longer admitted.
+fn check_widened(
+    gen: Gen,
+    engine: Engine,
+    cmd: &gmig_cmdparser::Decoded<'_>,
+    ctx: &BatchContext,
+    s: &VgpuSlices,
+) {
+    let widened = audit_widened(cmd, ctx, s, &WIDENING);
+    if audit(cmd, ctx, s).is_ok() {
+        assert_eq!(
+            widened,
+            Ok(()),
+            "the widened audit refused what the audit admits"
+        );
+    }
+    if widened.is_err() {
+        return;
+    }
+    if let Some(u) = cmd.status_index() {
+        assert!(
+            u.offset + u.len <= GTT_PAGE_SIZE,
+            "index past its page: {u:?}"
+        );
+    }
+    let mut shadow = cmd.dwords.to_vec();
+    redirect_null_uses(cmd, ctx, &mut shadow, s.aperture.base.0);
+    let sd = decode_one(gen, engine, &shadow, 0).expect("the shadow decodes");
+    let strict = Widening {
+        null_state_pointers: false,
+        ..WIDENING
+    };
+    assert_eq!(
+        audit_widened(&sd, ctx, s, &strict),
+        Ok(()),
+        "shadow {shadow:x?}"
+    );
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -78,7 +141,7 @@ pub fn run(data: &[u8]) {
     // 1. One buffer: decode, audit, remap in place.
     let buf = dwords(body);
     for cmd in Decoder::new(gen, engine, &buf).flatten() {
-        let _ = audit(&cmd, &ctx, &from);
+        check_widened(gen, engine, &cmd, &ctx, &from);
         let _ = cmd.write_set(&ctx);
     }
     let mut out = buf.clone();

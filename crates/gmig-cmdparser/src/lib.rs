@@ -67,6 +67,7 @@ pub mod remap;
 mod rows;
 pub mod table;
 pub mod walk;
+pub mod widen;
 pub mod writeset;
 
 pub use addr::{
@@ -90,4 +91,5 @@ pub use walk::{
     audit_walk, remap_walk, walk, walk_batch, Budget, RingSpan, WalkError, WalkSummary,
     WalkedCommand,
 };
+pub use widen::{audit_widened, null_use, redirect_null_uses, CmdRegister, Widening};
 pub use writeset::{AddressRange, Reach, WriteSet};

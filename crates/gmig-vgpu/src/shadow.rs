@@ -3,10 +3,10 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit, decode_one, register_allowed, remap_in_place, walk, AddressSpace, AddressUse,
-    AuditError, BatchContext, Budget, Decoded, Engine, Footprint, GgttOffset, GpuMemory, Hook,
-    IndirectState, MemoryError, Reach, RegAccess, RingSpan, SliceMove, VgpuSlices, WalkError,
-    WriteSet, MAX_SURFACE_BYTES,
+    audit_widened, decode_one, redirect_null_uses, remap_in_place, walk, AddressSpace, AuditError,
+    BatchContext, Budget, CmdRegister, Decoded, Engine, Footprint, Gen, GgttOffset, GpuMemory,
+    IndirectState, MemoryError, Reach, RingSpan, SliceMove, VgpuSlices, WalkError, Widening,
+    WriteSet,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
@@ -31,117 +31,48 @@ pub fn parser_engine(e: EngineId) -> Engine {
     }
 }
 
-/// Our engine for one of the parser's (the parser's second video engine has no vGPU engine).
-fn vgpu_engine(e: Engine) -> Option<EngineId> {
-    match e {
-        Engine::Render => Some(EngineId::Render),
-        Engine::Blitter => Some(EngineId::Blitter),
-        Engine::Video => Some(EngineId::Video),
-        Engine::VideoEnhance => Some(EngineId::VideoEnhance),
-    }
-}
-
-/// gmig-cmdparser's audit, widened in two ways the parser does not know yet (both belong in the
-/// parser; until then the vGPU applies them on top of its answer):
-/// - the register model's command-access rows ([`crate::regs::Reg::cmd_access`], GVT-g's
-///   `F_CMD_ACCESS`) join the parser's register whitelist for `MI_LOAD_REGISTER_IMM`: the masked
-///   workaround and mode registers i915 writes from every context it creates. An engine's ring
-///   rows (`RING_MI_MODE`, `RING_MODE_GEN7`, `RING_INSTPM`) only from that engine, the
-///   fixed-offset rows (render and slice state) only from the render engine;
-/// - a state pointer at GGTT 0 that sizes nothing is no memory access ([`null_use`]: i915's
-///   null render state programs its pools with base and size 0 and an all-zero depth buffer);
-///   the shadow copy points it at the vGPU's own first page ([`redirect_null_uses`]), so that
-///   even a later draw through it cannot leave the vGPU. Every other use is checked as the
-///   parser checks it.
-///
-/// Everything else the parser decides.
+/// gmig-cmdparser's audit widened by what the register model adds ([`gmig_cmdparser::widen`]):
+/// the rows marked command access ([`crate::regs::Reg::cmd_access`], GVT-g's `F_CMD_ACCESS`)
+/// join the whitelist for `MI_LOAD_REGISTER_IMM` — an engine's ring rows (`RING_MI_MODE`,
+/// `RING_MODE_GEN7`, `RING_INSTPM`) from that engine only, the fixed-offset rows (render and
+/// slice state) from the render engine only — and null state pointers are admitted (the shadow
+/// points them at the vGPU's first page, [`redirect_null_uses`]).
 pub(crate) fn audit_command_model(
     cmd: &Decoded<'_>,
     ctx: &BatchContext,
     slices: &VgpuSlices,
 ) -> Result<(), AuditError> {
-    match audit(cmd, ctx, slices) {
-        Err(AuditError::Register { .. })
-            if cmd.desc.hook == Hook::LoadRegImm && lri_admitted(cmd) =>
-        {
-            Ok(())
-        }
-        // The parser checks addresses after everything else: the shape passed.
-        Err(AuditError::OutOfSlice { start: 0, .. }) if ggtt_uses_admitted(cmd, ctx, slices) => {
-            Ok(())
-        }
-        r => r,
-    }
+    audit_widened(cmd, ctx, slices, &widening(cmd.gen))
 }
 
-/// Whether every GGTT use of `cmd` is empty at address 0 or passes the parser's checks
-/// (privileged buffer, under the surface cap, inside the slices).
-fn ggtt_uses_admitted(cmd: &Decoded<'_>, ctx: &BatchContext, slices: &VgpuSlices) -> bool {
-    cmd.addresses(ctx)
-        .filter(|u| u.space == AddressSpace::Ggtt)
-        .all(|u| {
-            null_use(cmd, &u)
-                || (ctx.privileged && u.len <= MAX_SURFACE_BYTES && slices.contains(u.start, u.len))
+/// The vGPU's [`Widening`] on `gen`: its command-access rows, per engine.
+pub fn widening(gen: Gen) -> Widening<'static> {
+    static ROWS: std::sync::OnceLock<[Vec<CmdRegister>; 3]> = std::sync::OnceLock::new();
+    let rows = ROWS.get_or_init(|| {
+        Gen::ALL.map(|gen| {
+            let absolute = crate::regs::table::ABSOLUTE
+                .iter()
+                .filter(|r| r.cmd_access)
+                .map(|r| CmdRegister {
+                    offset: r.offset,
+                    engine: Engine::Render,
+                });
+            let per_engine = EngineId::ALL.into_iter().flat_map(move |e| {
+                crate::regs::table::ENGINE
+                    .iter()
+                    .filter(|r| r.cmd_access)
+                    .map(move |r| CmdRegister {
+                        offset: e.mmio_base_for(gen) + r.offset,
+                        engine: parser_engine(e),
+                    })
+            });
+            absolute.chain(per_engine).collect()
         })
-}
-
-/// A GGTT state pointer that points nowhere: at address 0 and sizing nothing — 0 bytes, or a
-/// command whose dwords past DW0 are all zero (an all-zero `3DSTATE_DEPTH_BUFFER` has no size
-/// field of its own).
-fn null_use(cmd: &Decoded<'_>, u: &AddressUse) -> bool {
-    let all_zero = cmd
-        .dwords
-        .get(1..)
-        .is_some_and(|d| d.iter().all(|&x| x == 0));
-    u.space == AddressSpace::Ggtt
-        && u.addr == 0
-        && u.start == 0
-        && (u.len == 0 || (!u.bounded && all_zero))
-}
-
-/// Points every [`null_use`] of `cmd` in its shadow `dwords` at `to` (a page of the vGPU's own
-/// slices, guest view; remapping moves it with the rest).
-fn redirect_null_uses(cmd: &Decoded<'_>, ctx: &BatchContext, dwords: &mut [u32], to: u64) {
-    for u in cmd.addresses(ctx).filter(|u| null_use(cmd, u)) {
-        let low_bits = 1u32
-            .checked_shl(u32::from(u.lo))
-            .map_or(u32::MAX, |b| b - 1);
-        if let Some(d) = dwords.get_mut(u.dword) {
-            *d = (*d & low_bits) | (to as u32 & !low_bits);
-        }
-        if u.width.dwords() == 2 {
-            if let Some(d) = dwords.get_mut(u.dword + 1) {
-                *d = (to >> 32) as u32;
-            }
-        }
+    });
+    Widening {
+        cmd_registers: &rows[Gen::ALL.iter().position(|g| *g == gen).unwrap_or(0)],
+        null_state_pointers: true,
     }
-}
-
-/// Whether every register an `MI_LOAD_REGISTER_IMM` writes is whitelisted by the parser or a
-/// command-access row the submitting engine may write.
-fn lri_admitted(cmd: &Decoded<'_>) -> bool {
-    let Some(engine) = vgpu_engine(cmd.engine) else {
-        return false;
-    };
-    let body = cmd.dwords.get(1..).unwrap_or(&[]);
-    body.len().is_multiple_of(2)
-        && body.chunks(2).all(|pair| {
-            let reg = pair[0] & 0x007f_fffc;
-            if register_allowed(cmd.gen, cmd.engine, reg, RegAccess::Write) {
-                return true;
-            }
-            let Some(row) = crate::regs::lookup(cmd.gen, reg).filter(|r| r.cmd_access) else {
-                return false;
-            };
-            match EngineId::from_reg_for(cmd.gen, reg) {
-                Some((owner, rel))
-                    if crate::regs::table::ENGINE.iter().any(|r| r.offset == rel) =>
-                {
-                    owner == engine
-                }
-                _ => engine == EngineId::Render && row.offset == reg,
-            }
-        })
 }
 
 /// What shadowing a submission needs from the device that received it (implemented by
@@ -419,7 +350,7 @@ pub(crate) fn log_write_set(
 
 #[cfg(test)]
 mod tests {
-    use gmig_cmdparser::{BatchLevel, Gen};
+    use gmig_cmdparser::{audit, BatchLevel};
     use proptest::prelude::*;
 
     use super::*;
