@@ -254,11 +254,17 @@ fn qemu_live_migrates_the_vgpu_to_another_slot_and_the_guest_renders_on() {
         Some(want.as_str()),
         "the migrated guest's checksum differs from an unmigrated run's:\n{logs}"
     );
-    for bad in ["fault", "ERROR"] {
-        assert!(
-            !p.dst_serve.log_text().contains(bad),
-            "the destination server logged {bad}:\n{logs}"
-        );
+    // A normal migration logs nothing at WARN or above, on either server.
+    for bad in ["fault", "ERROR", " WARN "] {
+        for (side, log) in [
+            ("destination", p.dst_serve.log_text()),
+            ("source", p.src_serve.log_text()),
+        ] {
+            assert!(
+                !log.contains(bad),
+                "the {side} server logged {bad}:\n{logs}"
+            );
+        }
     }
 }
 
@@ -357,6 +363,56 @@ fn without_dma_logging_qemu_refuses_to_migrate_and_says_why() {
     // The guest goes on on the source.
     let state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
     assert_eq!(state["status"], "running", "{state}");
+}
+
+#[test]
+fn a_destination_of_another_vgpu_type_refuses_and_its_server_says_why() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    let mut p = pair(
+        &tools,
+        dir.path(),
+        "type",
+        "desktop",
+        &[],
+        &["--type", "128+512"],
+    );
+    let q = migrate(&mut p);
+    eprintln!("query-migrate: {q}");
+    assert_eq!(q["status"], "failed", "{q}\n{}", p.logs());
+    // QEMU's vfio-user carries an errno, not text: the destination's server says why, once.
+    let log = p.dst_serve.log_text();
+    let why: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" ERROR ") && l.contains("incompatible vGPU type"))
+        .collect();
+    assert_eq!(
+        why.len(),
+        1,
+        "the destination server's reason:\n{}",
+        p.logs()
+    );
+    assert!(
+        why[0].contains("stream is 64+384 MiB, this destination expects 128+512 MiB"),
+        "{}",
+        why[0]
+    );
+    assert!(!log.contains("END missing"), "a misleading reason:\n{log}");
+    // The guest renders on on the source, its vGPU intact: it ends as an unmigrated run.
+    let state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    assert_eq!(state["status"], "running", "{state}");
+    p.wait_source(|l| l.starts_with("GMIG-GUEST: exit"));
+    let console = p.src.console();
+    assert!(console.contains("GMIG-GUEST: exit 0"), "{}", p.logs());
+    let want = reference(&tools, dir.path(), "desktop", FRAMES);
+    assert_eq!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "the source's checksum after the refused migration differs from an unmigrated run's"
+    );
 }
 
 #[test]

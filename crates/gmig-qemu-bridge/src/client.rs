@@ -36,7 +36,7 @@ pub enum ClientError {
     #[error("malformed reply: {0}")]
     Proto(#[from] ProtoError),
     /// The server answered with an error.
-    #[error("{command:?} refused with errno {errno}")]
+    #[error("{command:?} refused with errno {errno} (the server's log gives the reason)")]
     Refused {
         /// The command.
         command: Command,

@@ -389,8 +389,10 @@ impl UserDevice for VgpuBackend {
             return;
         };
         match &self.handle {
+            // QEMU's destination maps RAM while the device is RESUMING in every migration: an
+            // expected event, not a warning.
             Some(h) if h.state() != DeviceState::Running => {
-                tracing::warn!(
+                tracing::debug!(
                     state = ?h.state(),
                     "guest memory changed during a migration: followed once it ends"
                 );

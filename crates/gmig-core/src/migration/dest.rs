@@ -28,6 +28,9 @@ pub struct DestDevice<F: VmFactory> {
     written: Vec<bool>,
     /// Sequence number of the last SYNC section applied.
     synced: Option<u64>,
+    /// Why this stream was refused (offset, reason): the first error a write met, logged once
+    /// and given again by every later write and by the stop that ends resuming.
+    refused: Option<(u64, String)>,
 }
 
 impl<F: VmFactory> std::fmt::Debug for DestDevice<F> {
@@ -126,6 +129,7 @@ impl<F: VmFactory> DestDevice<F> {
             pages: 0,
             written: Vec::new(),
             synced: None,
+            refused: None,
         }
     }
 
@@ -168,6 +172,7 @@ impl<F: VmFactory> DestDevice<F> {
     }
 
     fn discard(&mut self) {
+        self.refused = None;
         self.decoder = None;
         self.memory = None;
         self.states.clear();
@@ -303,6 +308,39 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
     }
 
     fn resume_write(&mut self, data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
+        if let Some((offset, reason)) = &self.refused {
+            return Err(DeviceError::BadStream {
+                offset: *offset,
+                reason: reason.clone(),
+            });
+        }
+        let r = self.feed(data);
+        if let Err(e) = &r {
+            let refused = match e {
+                DeviceError::BadStream { offset, reason } => (*offset, reason.clone()),
+                other => (0, other.to_string()),
+            };
+            tracing::error!(error = %e, "the destination refuses the migration stream");
+            self.refused = Some(refused);
+        }
+        r
+    }
+
+    fn finish_resuming(&mut self) -> ArcResult {
+        if let Some((offset, reason)) = self.refused.take() {
+            self.discard();
+            return Err(ArcFailure::rolled_back(DeviceError::BadStream {
+                offset,
+                reason,
+            }));
+        }
+        self.finish_stream()
+    }
+}
+
+impl<F: VmFactory> DestDevice<F> {
+    /// Feeds stream bytes to the decoder and applies every section they complete.
+    fn feed(&mut self, data: &[u8]) -> gmig_vfio_migration::device::Result<()> {
         // Feed in slices no larger than one maximal section so the decoder's bound holds.
         let step = (self.limits.max_section_len as usize).max(4096);
         for piece in data.chunks(step) {
@@ -342,7 +380,8 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
         Ok(())
     }
 
-    fn finish_resuming(&mut self) -> ArcResult {
+    /// Ends a stream that every write accepted: it must be complete, and the device restores.
+    fn finish_stream(&mut self) -> ArcResult {
         let fail =
             |reason: String| ArcFailure::rolled_back(DeviceError::BadStream { offset: 0, reason });
         let Some(decoder) = self.decoder.as_ref() else {
