@@ -596,7 +596,9 @@ impl Client {
     /// [`Client::mig_read`] into `out` (replaced; its capacity is reused): `Ok(None)` for "no
     /// data now", `Ok(Some(0))` at the end of a STOP_COPY stream, else the bytes read.
     pub fn mig_read_into(&mut self, max: u32, out: &mut Vec<u8>) -> Result<Option<usize>> {
-        let p = MigData::to_bytes(MigData::LEN as u32, max, &[]);
+        // argsz: the room for the reply, the fixed part and `max` bytes of data.
+        let argsz = (MigData::LEN as u32).saturating_add(max);
+        let p = MigData::to_bytes(argsz, max, &[]);
         match self.exchange(Command::MigDataRead, &p, &[]) {
             Ok(_) => {
                 let (m, data) = MigData::parse(&self.rx)?;

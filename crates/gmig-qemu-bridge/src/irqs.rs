@@ -50,8 +50,8 @@ impl Irqs {
     }
 
     /// SET_IRQS on `index` (vectors `start..start+count` already checked against
-    /// [`Irqs::info`]). `flags` 0 with descriptors is an in-process caller's shorthand for
-    /// `DATA_EVENTFD | ACTION_TRIGGER`.
+    /// [`Irqs::info`]). `flags` must name a data type and an action, as the kernel's
+    /// `vfio_set_irqs_validate_and_prepare` requires (in-process callers included).
     pub(crate) fn set(
         &mut self,
         index: u32,
@@ -63,11 +63,6 @@ impl Irqs {
             VFIO_IRQ_SET_ACTION_MASK as MASK, VFIO_IRQ_SET_ACTION_TRIGGER as TRIGGER,
             VFIO_IRQ_SET_ACTION_UNMASK as UNMASK, VFIO_IRQ_SET_DATA_EVENTFD as EVENTFD,
             VFIO_IRQ_SET_DATA_NONE as NONE,
-        };
-        let flags = if flags == 0 && !fds.is_empty() {
-            EVENTFD | TRIGGER
-        } else {
-            flags
         };
         let eventfd = flags & EVENTFD != 0;
         let action = flags & uapi::VFIO_IRQ_SET_ACTION_TYPE_MASK;
@@ -123,5 +118,21 @@ impl Irqs {
             signal(f);
             self.intx_masked = true;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_irqs_without_a_data_type_and_action_is_refused() {
+        let mut irqs = Irqs::default();
+        let fd = || tempfile::tempfile().unwrap();
+        assert_eq!(irqs.set(MSI, 0, 1, vec![fd()]), Err(libc::EINVAL));
+        assert!(irqs.msi.is_none());
+        let eventfd_trigger = uapi::VFIO_IRQ_SET_DATA_EVENTFD | uapi::VFIO_IRQ_SET_ACTION_TRIGGER;
+        assert_eq!(irqs.set(MSI, eventfd_trigger, 1, vec![fd()]), Ok(()));
+        assert!(irqs.msi.is_some());
     }
 }

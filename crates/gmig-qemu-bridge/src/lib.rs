@@ -22,6 +22,11 @@
 pub mod client;
 pub mod framing;
 mod irqs;
+
+/// SET_IRQS flags that arm a vector with an eventfd (`VFIO_IRQ_SET_DATA_EVENTFD |
+/// VFIO_IRQ_SET_ACTION_TRIGGER`), for in-process callers of [`server::UserDevice::set_irqs`].
+pub const IRQ_EVENTFD_TRIGGER: u32 = vfio_bindings::bindings::vfio::VFIO_IRQ_SET_DATA_EVENTFD
+    | vfio_bindings::bindings::vfio::VFIO_IRQ_SET_ACTION_TRIGGER;
 pub mod proto;
 pub mod server;
 mod server_checks;

@@ -360,9 +360,10 @@ impl UserDevice for VgpuBackend {
     }
 
     fn reset(&mut self) -> Result<(), Errno> {
-        // A function-level reset: PCI state back to power-on, and the engines too (QEMU resets
-        // the device when a VM starts: what a killed VM left half-written in ELSP must not merge
-        // with the next guest's submissions). Guest memory and the GGTT stay. Not while a
+        // A function-level reset: PCI state back to power-on, and the vGPU as GVT-g resets one
+        // (QEMU resets the device when a VM starts: what a killed VM left half-written in ELSP
+        // must not merge with the next guest's submissions, nor its GGTT entries and registers
+        // outlive it): engines, GGTT, registers, PPGTTs. Guest memory stays. Not while a
         // migration holds the device, nor under a guest-driver model, whose frames are its own.
         self.config = PciConfig::new(self.spec.gen, self.spec.aperture);
         self.irqs = Irqs::default();
@@ -372,7 +373,7 @@ impl UserDevice for VgpuBackend {
             .is_none_or(|h| h.state() == DeviceState::Running);
         if running && self.spec.profile.is_none() {
             if let Some(vm) = self.vm_mut() {
-                vm.vgpu_mut().reset_engines();
+                vm.vgpu_mut().device_reset();
             }
         }
         Ok(())

@@ -938,8 +938,12 @@ fn the_clients_migration_requests_are_byte_exact() {
     assert_eq!(feature(6), report);
     // DMA_LOGGING_STOP SET: no data.
     assert_eq!(feature(7), le32(&[8, 0x2_0007]));
-    // MIG_DATA_READ: argsz 8, size; MIG_DATA_WRITE: argsz 8 + 3, size 3, data.
-    assert_eq!(got[8], (Command::MigDataRead as u16, le32(&[8, 4096])));
+    // MIG_DATA_READ: argsz the room for the reply (8 + size, as QEMU sends and libvfio-user
+    // requires), size; MIG_DATA_WRITE: argsz 8 + 3, size 3, data.
+    assert_eq!(
+        got[8],
+        (Command::MigDataRead as u16, le32(&[8 + 4096, 4096]))
+    );
     let mut w = le32(&[11, 3]);
     w.extend_from_slice(&[1, 2, 3]);
     assert_eq!(got[9], (Command::MigDataWrite as u16, w));
@@ -1009,5 +1013,64 @@ fn feature_gets_are_answered_within_the_room_argsz_gives() {
     let (h, _) = read_raw(&mut s);
     assert_eq!((h.msg_id, h.flags & FLAG_ERROR), (6, 0));
     drop(s);
+    server.join().unwrap();
+}
+
+/// MIG_DATA_READ's `argsz` is the room for the reply (the fixed part and `size` bytes): a request
+/// with less is refused, as libvfio-user refuses it; with the room it is read.
+#[test]
+fn a_mig_data_read_without_room_for_its_reply_is_refused() {
+    use gmig_qemu_bridge::proto::MigData;
+    let (path, server, _dir) = spawn(21, 1);
+    let mut c = Client::connect(&path).unwrap();
+    c.set_device_state(DeviceState::StopCopy).unwrap();
+    let short = MigData::to_bytes(MigData::LEN as u32, 4096, &[]);
+    assert_eq!(
+        refused(c.request(Command::MigDataRead, &short, &[])),
+        libc::EINVAL
+    );
+    let roomy = MigData::to_bytes(MigData::LEN as u32 + 4096, 4096, &[]);
+    let reply = c.request(Command::MigDataRead, &roomy, &[]).unwrap();
+    let (m, data) = MigData::parse(&reply).unwrap();
+    assert!(m.size > 0 && m.size as usize == data.len(), "{m:?}");
+    drop(c);
+    server.join().unwrap();
+}
+
+/// DMA_UNMAP with `VFIO_DMA_UNMAP_FLAG_ALL` (address and size 0) unmaps every region: the same
+/// ranges map again afterwards (a map over a live one is EEXIST), a region is gone; the flag
+/// with a range is EINVAL, an unknown flag ENOTSUP.
+#[test]
+fn dma_unmap_all_unmaps_every_region() {
+    use gmig_qemu_bridge::proto::DmaUnmap;
+    let (path, server, _dir) = spawn(22, 1);
+    let mut c = Client::connect(&path).unwrap();
+    let ram = tempfile::tempfile().unwrap();
+    ram.set_len(2 << 20).unwrap();
+    c.dma_map(&ram, 0, 0, 1 << 20).unwrap();
+    c.dma_map(&ram, 1 << 20, 1 << 20, 1 << 20).unwrap();
+    assert_eq!(refused(c.dma_map(&ram, 0, 0, 1 << 20)), libc::EEXIST);
+    let unmap = |flags: u32, address: u64, size: u64| {
+        DmaUnmap {
+            argsz: DmaUnmap::LEN as u32,
+            flags,
+            address,
+            size,
+        }
+        .to_bytes()
+    };
+    assert_eq!(
+        refused(c.request(Command::DmaUnmap, &unmap(2, 0, 1 << 20), &[])),
+        libc::EINVAL
+    );
+    assert_eq!(
+        refused(c.request(Command::DmaUnmap, &unmap(4, 0, 0), &[])),
+        libc::ENOTSUP
+    );
+    c.request(Command::DmaUnmap, &unmap(2, 0, 0), &[]).unwrap();
+    assert_eq!(refused(c.dma_unmap(1 << 20, 1 << 20)), libc::EINVAL);
+    c.dma_map(&ram, 0, 0, 1 << 20).unwrap();
+    c.dma_map(&ram, 1 << 20, 1 << 20, 1 << 20).unwrap();
+    drop(c);
     server.join().unwrap();
 }

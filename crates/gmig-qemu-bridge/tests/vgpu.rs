@@ -329,3 +329,44 @@ fn a_device_reset_clears_an_elsp_submission_left_half_written() {
         }
     }
 }
+
+/// A device reset resets the vGPU as GVT-g resets one on a device-level reset: GGTT entries
+/// invalidated, registers (fences, status page address) back to their reset values; the PV
+/// info page still describes the vGPU. The control without the reset reads them as written.
+#[test]
+fn a_device_reset_clears_the_ggtt_and_the_registers() {
+    let hws = u64::from(mmio::EngineId::Render.mmio_base() + mmio::ring::HWS_PGA);
+    let fence = u64::from(mmio::FENCE_REG_BASE);
+    for reset in [true, false] {
+        let (s, _) = gmig_test_support::moved_slices(TY);
+        let (path, server, _dir) = spawn(s, None, true);
+        let (mut c, _ram) = attach(&path);
+        let entry = u64::from(mmio::GTT_MMIO_BASE) + s.aperture.base.0 / 4096 * 8;
+        let page = s.aperture.base.0 as u32;
+        c.region_write(0, entry, &((5u64 << 12) | 1).to_le_bytes())
+            .unwrap();
+        c.region_write(0, hws, &page.to_le_bytes()).unwrap();
+        c.region_write(0, fence, &(page | 1).to_le_bytes()).unwrap();
+        if reset {
+            c.reset().unwrap();
+        }
+        let r64 = |c: &mut Client, at: u64| {
+            u64::from_le_bytes(c.region_read(0, at, 8).unwrap().try_into().unwrap())
+        };
+        let r32 = |c: &mut Client, at: u64| {
+            u32::from_le_bytes(c.region_read(0, at, 4).unwrap().try_into().unwrap())
+        };
+        let got = (r64(&mut c, entry), r32(&mut c, hws), r32(&mut c, fence));
+        if reset {
+            assert_eq!(got, (0, 0, 0), "after the reset");
+        } else {
+            assert_eq!(got, ((5 << 12) | 1, page, page | 1), "control: no reset");
+        }
+        assert_eq!(
+            r64(&mut c, u64::from(mmio::VGT_PVINFO_PAGE)),
+            mmio::VGT_MAGIC
+        );
+        drop(c);
+        server.join().unwrap();
+    }
+}

@@ -247,6 +247,22 @@ impl Vgpu {
         self.graphics_reset(GRDOM_FULL);
     }
 
+    /// A device-level reset (FLR, or the VMM's device reset), as GVT-g resets a vGPU with
+    /// `dmlr` set: every engine reset, the GGTT invalidated, every register (fences, status
+    /// pages, interrupts, display) back to its reset value, the PPGTTs the guest announced
+    /// forgotten. What stays is what belongs to the host: the vGPU's slices and its guest
+    /// memory, and the counters and fault records the host reads.
+    pub fn device_reset(&mut self) {
+        self.reset_engines();
+        self.ggtt = crate::gtt::Ggtt::new(&self.host);
+        self.vregs.clear();
+        self.sregs.clear();
+        self.ppgtt_roots.clear();
+        self.ctx_heads.clear();
+        self.live = None;
+        self.accepting = true;
+    }
+
     pub(crate) fn graphics_reset(&mut self, domains: u32) {
         for e in EngineId::ALL {
             let bit = match e {

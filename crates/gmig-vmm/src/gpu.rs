@@ -128,7 +128,13 @@ impl GpuLink for Linked {
     fn set_msi(&mut self, fd: &EventFd) -> Result<()> {
         let file = eventfd_file(fd)?;
         self.0
-            .set_irqs(IRQ_MSI, 0, 0, 1, vec![file])
+            .set_irqs(
+                IRQ_MSI,
+                gmig_qemu_bridge::IRQ_EVENTFD_TRIGGER,
+                0,
+                1,
+                vec![file],
+            )
             .map_err(|e| errno("SET_IRQS", e))
     }
 

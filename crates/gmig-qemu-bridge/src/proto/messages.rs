@@ -25,7 +25,7 @@ wire_struct! {
     DmaUnmap, 24, {
         /// `argsz`.
         argsz: u32,
-        /// Flags (none supported).
+        /// Flags: `VFIO_DMA_UNMAP_FLAG_ALL` (bit 1, every region; address and size 0) or none.
         flags: u32,
         /// Start of the range.
         address: u64,

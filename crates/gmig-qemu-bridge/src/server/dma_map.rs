@@ -11,6 +11,9 @@ use super::MAX_DMA_REGIONS;
 use crate::proto::{DmaMap, DmaUnmap, Errno};
 use crate::server_checks::same_memory;
 
+/// `VFIO_DMA_UNMAP_FLAG_ALL`: DMA_UNMAP of every region.
+const UNMAP_ALL: u32 = 1 << 1;
+
 impl<D: UserDevice> Server<D> {
     pub(super) fn dma_map(&mut self, p: &[u8], mut fds: Vec<File>) -> Result<Vec<u8>, Errno> {
         let m = DmaMap::parse(p).map_err(|_| libc::EINVAL)?;
@@ -71,8 +74,17 @@ impl<D: UserDevice> Server<D> {
 
     pub(super) fn dma_unmap(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let u = DmaUnmap::parse(p).map_err(|_| libc::EINVAL)?;
-        if u.flags != 0 {
-            return Err(libc::ENOTSUP);
+        match u.flags {
+            0 => {}
+            // Every region at once (QEMU's client sends it when it tears the device's memory
+            // down); address and size must then be 0.
+            UNMAP_ALL if u.address == 0 && u.size == 0 => {
+                self.dma.clear();
+                self.remap()?;
+                return Ok(u.to_bytes());
+            }
+            UNMAP_ALL => return Err(libc::EINVAL),
+            _ => return Err(libc::ENOTSUP),
         }
         let i = self
             .dma

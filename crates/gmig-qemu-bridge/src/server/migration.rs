@@ -154,7 +154,9 @@ impl<D: UserDevice> Server<D> {
 
     pub(super) fn mig_read(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let (m, rest) = MigData::parse(p).map_err(|_| libc::EINVAL)?;
-        if !rest.is_empty() || (m.argsz as usize) < MigData::LEN {
+        // argsz is the room for the reply: the fixed part and `size` bytes (libvfio-user refuses
+        // less, and QEMU sends exactly that).
+        if !rest.is_empty() || u64::from(m.argsz) < MigData::LEN as u64 + u64::from(m.size) {
             return Err(libc::EINVAL);
         }
         if m.size > MAX_DATA_XFER {
