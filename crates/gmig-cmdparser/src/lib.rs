@@ -88,8 +88,8 @@ pub use table::{
     Hook, IndexRule, LengthRule, SizeRule, SpaceRule, StatusPage, Width,
 };
 pub use walk::{
-    audit_walk, remap_walk, walk, walk_batch, Budget, RingSpan, WalkError, WalkSummary,
-    WalkedCommand,
+    audit_walk, remap_walk, walk, walk_batch, walk_looping, Budget, RingSpan, WalkError,
+    WalkSummary, WalkedCommand,
 };
 pub use widen::{audit_widened, null_use, redirect_null_uses, CmdRegister, Widening};
 pub use writeset::{AddressRange, Reach, WriteSet};

@@ -1030,3 +1030,48 @@ fn a_batch_in_a_page_that_cannot_be_read_whole_is_read_piecemeal() {
     assert!(matches!(r, Err(WalkError::Memory(_))), "{r:?}");
     assert_eq!(names, ["MI_NOOP", "MI_NOOP", "MI_NOOP"]);
 }
+
+/// A batch that chains to itself (IGT's spinner): a plain walk follows it until the budget
+/// refuses it; `walk_looping` walks it once, counts the loop and goes on in the ring.
+#[test]
+fn walk_looping_walks_a_spinner_once_and_goes_on_in_the_ring() {
+    use gmig_cmdparser::walk_looping;
+    let mut m = PageMemory::new();
+    for space in [GGTT, AddressSpace::Ppgtt] {
+        m.map(space, 0x0400_0000, 0x3000).unwrap();
+    }
+    let batch = [0x0280_0000, 0x1880_0101, 0x0400_1000, 0];
+    m.put_dwords(AddressSpace::Ppgtt, 0x0400_1000, &batch)
+        .unwrap();
+    let ring = [0x1880_0101, 0x0400_1000, 0, 0x0100_0000];
+    m.put_dwords(GGTT, 0x0400_0000, &ring).unwrap();
+    let span = RingSpan {
+        start: GgttOffset(0x0400_0000),
+        size: 0x1000,
+        head: 0,
+        tail: 16,
+    };
+    let budget = Budget {
+        max_commands: 256,
+        max_batch_bytes: 1 << 20,
+        max_batches: 64,
+    };
+    let mut seen = Vec::new();
+    let sum = walk_looping(Gen::Gen9, Engine::Render, &m, span, budget, &mut |w| {
+        seen.push((w.ctx.level, w.cmd.desc.name));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(sum.loops, 1);
+    assert_eq!(
+        seen,
+        [
+            (BatchLevel::Ring, "MI_BATCH_BUFFER_START"),
+            (BatchLevel::First, "MI_ARB_CHECK"),
+            (BatchLevel::First, "MI_BATCH_BUFFER_START"),
+            (BatchLevel::Ring, "MI_USER_INTERRUPT"),
+        ]
+    );
+    let r = walk(Gen::Gen9, Engine::Render, &m, span, budget, &mut |_| Ok(()));
+    assert!(matches!(r, Err(WalkError::Budget { .. })), "{r:?}");
+}

@@ -407,6 +407,28 @@ impl UserDevice for VgpuBackend {
         self.handle.as_mut()
     }
 
+    /// Queued work the engines stopped short of (a spinner's loop, a semaphore wait) goes on
+    /// every millisecond without the guest: a GPU runs on its own. Not while a migration holds
+    /// the device stopped, nor under a guest-driver model or a paced guest, whose GPU keeps
+    /// their pace.
+    fn idle_after(&self) -> Option<std::time::Duration> {
+        let running = self
+            .handle
+            .as_ref()
+            .is_none_or(|h| matches!(h.state(), DeviceState::Running | DeviceState::PreCopy));
+        let vm = self.vm()?;
+        let v = vm.vgpu();
+        // A guest whose GPU keeps the pace of its accesses (the polling test guest) is left to
+        // that pace.
+        let own_pace = v.interrupt_driven() || self.spec.gpu_pace.is_none();
+        (running && own_pace && self.spec.profile.is_none() && v.queued() > 0 && v.is_accepting())
+            .then_some(std::time::Duration::from_millis(1))
+    }
+
+    fn idle(&mut self) {
+        self.run_gpu(None);
+    }
+
     fn tick(&mut self) {
         let running = |h: &MigrationHandle<_>| h.state() == DeviceState::Running;
         if self.pending_memory.is_some() && self.handle.as_ref().is_none_or(running) {

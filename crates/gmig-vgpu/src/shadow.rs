@@ -3,10 +3,10 @@
 //! the host slices, and per-command write sets for the migration engine.
 
 use gmig_cmdparser::{
-    audit_widened, decode_one, redirect_null_uses, remap_in_place, walk, AddressSpace, AuditError,
-    BatchContext, Budget, CmdRegister, Decoded, Engine, Footprint, Gen, GgttOffset, GpuMemory,
-    IndirectState, MemoryError, Reach, RingSpan, SliceMove, VgpuSlices, WalkError, Widening,
-    WriteSet,
+    audit_widened, decode_one, redirect_null_uses, remap_in_place, walk_looping, AddressSpace,
+    AuditError, BatchContext, Budget, CmdRegister, Decoded, Engine, Footprint, Gen, GgttOffset,
+    GpuMemory, IndirectState, MemoryError, Reach, RingSpan, SliceMove, VgpuSlices, WalkError,
+    Widening, WriteSet,
 };
 
 use crate::gm::{Gfn, PAGE_SIZE};
@@ -194,7 +194,7 @@ pub(crate) fn shadow_workload<S: ShadowSource>(
         });
         Ok(())
     };
-    walk(gen, pe, &view, ring, WALK_BUDGET, &mut visit).map_err(|e| {
+    walk_looping(gen, pe, &view, ring, WALK_BUDGET, &mut visit).map_err(|e| {
         let kind = match e {
             WalkError::Audit { .. } | WalkError::Rejected { .. } | WalkError::Remap { .. } => {
                 FaultKind::Audit

@@ -260,9 +260,12 @@ impl Vgpu {
             .filter(|h| **h != 0)
             .map(|h| u64::from(h & 0xffff_f000));
         let regs = |r: u32| self.mmio_read32(r).unwrap_or(0);
+        let mv = self.guest_to_host();
+        let rebase = |a: u64| mv.rebase(GgttOffset(a)).map_or(a, |h| h.0);
         let io = crate::exec::EngineIo {
             regs: &regs,
             global_hwsp: hwsp,
+            rebase: &rebase,
         };
         let (out, live) = crate::exec::execute_span(
             self.cfg.gen,

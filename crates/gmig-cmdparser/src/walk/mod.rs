@@ -42,4 +42,4 @@ mod tests;
 pub use audit::audit_walk;
 pub use remap::remap_walk;
 pub use types::{Budget, Result, RingSpan, Visit, WalkError, WalkSummary, WalkedCommand};
-pub use walker::{walk, walk_batch};
+pub use walker::{walk, walk_batch, walk_looping};

@@ -166,6 +166,8 @@ pub struct WalkSummary {
     pub batches: u64,
     /// Command bytes read.
     pub bytes: u64,
+    /// Loops back to an entered batch, not followed ([`walk_looping`](super::walker::walk_looping)).
+    pub loops: u64,
 }
 
 /// Visitor callback type.

@@ -31,6 +31,9 @@ pub(super) struct Walker<
     /// against the budget without decoding or visiting them (for visitors that do nothing with
     /// them: the remap walk's fast path).
     pub(super) skip_quiet: bool,
+    /// Whether a first-level chain back to a batch it already entered ends the walk of that
+    /// batch instead of being followed (see [`walk_looping`]).
+    pub(super) loops: bool,
 }
 
 impl<'m, 'v, M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
@@ -56,6 +59,7 @@ impl<'m, 'v, M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> +
             page: Vec::new(),
             in_page: true,
             skip_quiet: false,
+            loops: false,
         }
     }
 }
@@ -392,6 +396,8 @@ impl<M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
     ) -> Result<()> {
         self.start_batch()?;
         let mut start = addr;
+        // The batches this first-level chain entered (a second-level batch cannot chain).
+        let mut entered = vec![(space, addr)];
         loop {
             addr = self.run_in_page(space, addr, start, ctx)?;
             let offset = usize::try_from(addr.wrapping_sub(start) / 4).unwrap_or(usize::MAX);
@@ -414,8 +420,14 @@ impl<M: GpuMemory + ?Sized, V: FnMut(&WalkedCommand<'_>) -> Result<()> + ?Sized>
                         let child = BatchContext::batch(BatchLevel::Second, tspace, ctx);
                         self.batch(tspace, taddr, child)?;
                         addr = next;
+                    } else if self.loops && entered.contains(&(tspace, taddr)) {
+                        // A loop (IGT's spinners chain a batch to itself until the CPU ends
+                        // it): walked once; the engine runs it again from there.
+                        self.sum.loops += 1;
+                        return Ok(());
                     } else {
                         // Chain: a new first-level batch; no return here.
+                        entered.push((tspace, taddr));
                         self.start_batch()?;
                         ctx = BatchContext::batch(BatchLevel::First, tspace, ctx);
                         space = tspace;
@@ -538,6 +550,26 @@ where
 {
     let mut w = Walker::new(gen, engine, mem, budget, visit);
     w.skip_quiet = skip_quiet;
+    w.ring(ring)?;
+    Ok(w.sum)
+}
+
+/// [`walk`] for an engine that runs loops: a first-level batch that chains back to a batch the
+/// same chain already entered (a spinner: `MI_BATCH_BUFFER_START` to itself, ended by an
+/// `MI_CONDITIONAL_BATCH_BUFFER_END` or by the CPU) is walked once, and its walk ends at that
+/// `MI_BATCH_BUFFER_START`, which the visitor sees with its target; the walk goes on in the ring.
+/// The engine that runs the commands loops back itself. [`WalkSummary::loops`] counts them. A
+/// plain [`walk`] follows such a chain until the budget refuses it.
+pub fn walk_looping<M: GpuMemory + ?Sized>(
+    gen: Gen,
+    engine: Engine,
+    mem: &M,
+    ring: RingSpan,
+    budget: Budget,
+    visit: &mut Visit<'_>,
+) -> Result<WalkSummary> {
+    let mut w = Walker::new(gen, engine, mem, budget, visit);
+    w.loops = true;
     w.ring(ring)?;
     Ok(w.sum)
 }

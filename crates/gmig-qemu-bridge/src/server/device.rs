@@ -79,6 +79,14 @@ pub trait UserDevice {
     /// Called after every message the server handled: a device whose work advances on its own
     /// (a guest-driver model) takes a step here. The default does nothing.
     fn tick(&mut self) {}
+    /// How long the session may wait for the next message before it calls
+    /// [`UserDevice::idle`]: `Some` while the device has work that advances without the client
+    /// (a GPU engine spinning on memory the CPU will write). The default: wait for ever.
+    fn idle_after(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// No message came within [`UserDevice::idle_after`]: the device's turn.
+    fn idle(&mut self) {}
     /// A REGION_WRITE with access to the client's memory: devices that DMA on a register write
     /// override this. The default is [`UserDevice::region_write`].
     fn region_write_dma(

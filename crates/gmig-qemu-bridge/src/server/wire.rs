@@ -91,3 +91,33 @@ pub(super) fn send(stream: &mut UnixStream, cmd: Header, r: &Reply) -> io::Resul
         .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
     stream.write_all(&msg[n..])
 }
+
+/// Waits up to `timeout` for `stream` to have something to read (a message, or the peer
+/// closing); whether it has.
+pub(super) fn readable_within(
+    stream: &UnixStream,
+    timeout: std::time::Duration,
+) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `fd` is one valid pollfd on the stack, borrowed mutably for the call (nfds 1); the
+    // descriptor is the stream's, open for as long as `stream` is borrowed.
+    let n = unsafe { libc::poll(&mut fd, 1, ms) };
+    match n {
+        n if n < 0 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+        0 => Ok(false),
+        _ => Ok(true),
+    }
+}

@@ -543,3 +543,37 @@ fn a_semaphore_wait_holds_the_workload_until_its_dword_is_written() {
     assert_eq!(s.get(STATUS_RAM + 0xc4), 9);
     assert_eq!(s.breadcrumb(), SEQNO);
 }
+
+#[test]
+fn an_igt_spinner_spins_until_the_cpu_ends_it() {
+    // igt_spin's batch on GEN9: arbitration, some padding, a conditional end comparing its
+    // condition dword with MI_BATCH_BUFFER_END, and a start of itself (PPGTT).
+    const CONDITION: u32 = STATUS_VA as u32 + 0x100;
+    let mut s = Setup::new();
+    s.put(STATUS_RAM + 0x100, &[0x1880_0101]);
+    let spin: Vec<u32> = [
+        &[0x0280_0000, 0, 0, 0][..],
+        &[0x1b20_0002, 0x0500_0000, CONDITION, 0],
+        &[0x1880_0101, BATCH_VA as u32, 0],
+    ]
+    .concat();
+    s.queue(&spin);
+    for _ in 0..4 {
+        s.v.run_until_idle();
+    }
+    assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+    assert_eq!(s.v.queued(), 1, "the spinner ended by itself");
+    assert_eq!(
+        s.breadcrumb(),
+        SEQNO - 1,
+        "the request completed while spinning"
+    );
+    // igt_spin_end(): the CPU writes MI_BATCH_BUFFER_END into the condition.
+    s.put(STATUS_RAM + 0x100, &[0x0500_0000]);
+    assert_eq!(s.v.run_until_idle(), 1);
+    assert_eq!(s.breadcrumb(), SEQNO, "the final breadcrumb after the loop");
+    assert_eq!(
+        s.last_csb(),
+        (mmio::CSB_CTX_COMPLETE | mmio::CSB_ACTIVE_TO_IDLE, CTX_ID)
+    );
+}

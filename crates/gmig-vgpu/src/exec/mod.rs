@@ -219,9 +219,11 @@ impl Limit {
 /// workload runs in), starting at engine clock `clock`.
 pub fn execute(gen: Gen, view: GpuView<'_>, w: &Workload, clock: u64) -> Execution {
     let regs = |_| 0;
+    let same = |a| a;
     let io = EngineIo {
         regs: &regs,
         global_hwsp: None,
+        rebase: &same,
     };
     execute_span(gen, view, w, io, None, Limit::ALL, clock).0
 }
@@ -234,6 +236,9 @@ pub struct EngineIo<'a> {
     /// The engine's global status page (host GGTT), where store-data-index writes without
     /// "per-process" land.
     pub global_hwsp: Option<u64>,
+    /// Rebases a guest-view GGTT offset into the host slices the workload runs in (a loop's
+    /// target in a shadowed `MI_BATCH_BUFFER_START` is a host address).
+    pub rebase: &'a dyn Fn(u64) -> u64,
 }
 
 /// Executes `w` from its next command ([`Workload::next_command`]) until it ends, faults or
@@ -306,7 +311,15 @@ pub fn execute_span<'a>(
             };
             at += 1;
             match run_command(&mut ctx, &mut pipe, cmd, work, &mut effects) {
-                Ok(Outcome::Executed) => out.executed += 1,
+                Ok(Outcome::Executed) => {
+                    out.executed += 1;
+                    if let Some(k) = loop_target(&w.commands, at - 1, io.rebase) {
+                        // A batch that loops (a spinner): one turn per span, so that the
+                        // engines yield and the CPU's write that ends it is seen.
+                        out.next = Some(k);
+                        break;
+                    }
+                }
                 Ok(Outcome::Skipped(name)) => out.skipped.push(name),
                 Ok(Outcome::EndBatch) => {
                     out.executed += 1;
@@ -376,6 +389,36 @@ fn replay(
         pipe.observe(name, cmd);
     }
     (sets.state, pipe)
+}
+
+/// Where the command at `i` loops back to, if it is a loop: a chaining `MI_BATCH_BUFFER_START`
+/// in a first-level batch whose walk ended there ([`gmig_cmdparser::walk_looping`]: the next
+/// command is back in the ring, or there is none) and whose target is an earlier first-level
+/// command of the workload. The target is the command's host address (`rebase` maps a
+/// command's guest-view GGTT address to it; PPGTT addresses are the same on both sides).
+fn loop_target(commands: &[ShadowCommand], i: usize, rebase: &dyn Fn(u64) -> u64) -> Option<usize> {
+    let cmd = commands.get(i)?;
+    let d0 = dw(cmd, 0);
+    let is_start = d0 >> 23 == 0x31;
+    if !is_start || cmd.ctx.level != BatchLevel::First || d0 & (1 << 22) != 0 {
+        return None;
+    }
+    if commands
+        .get(i + 1)
+        .is_some_and(|c| c.ctx.level != BatchLevel::Ring)
+    {
+        return None;
+    }
+    let ppgtt = d0 & (1 << 8) != 0;
+    let target = addr48(dw(cmd, 1), dw(cmd, 2), 3);
+    commands[..=i].iter().rposition(|c| {
+        c.ctx.level == BatchLevel::First
+            && match (ppgtt, c.space) {
+                (true, Space::Ppgtt) => c.guest_addr == target,
+                (false, Space::Ggtt) => rebase(c.guest_addr) == target,
+                _ => false,
+            }
+    })
 }
 
 /// The index of the first command after `from` that is not in the batch a conditional end at
