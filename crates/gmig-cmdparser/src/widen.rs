@@ -1,5 +1,5 @@
 //! What a device adds to the audit ([`audit_widened`]): the rules a vGPU needs beyond
-//! [`audit`](crate::audit) to run what Linux's i915 submits, kept here with the rest of the
+//! [`audit`](crate::audit()) to run what Linux's i915 submits, kept here with the rest of the
 //! audit and fed with the device's own data.
 //!
 //! - **Command-access registers.** `MI_LOAD_REGISTER_IMM` may also write the registers the

@@ -3,7 +3,7 @@
 //! It runs a shadowed [`Workload`] (control flow already followed by the walk, GGTT addresses
 //! already in host slices). Executed: `MI_NOOP`, `MI_BATCH_BUFFER_START/END` (flow), `MI_STORE_DATA_IMM`,
 //! `MI_STORE_DATA_INDEX`, `MI_LOAD_REGISTER_IMM/REG/MEM`, `MI_STORE_REGISTER_MEM`, `MI_MATH`,
-//! `MI_CONDITIONAL_BATCH_BUFFER_END`, `MI_SEMAPHORE_WAIT` (see [`mi`]), `MI_FLUSH_DW` and
+//! `MI_CONDITIONAL_BATCH_BUFFER_END`, `MI_SEMAPHORE_WAIT` (see `exec/mi.rs`), `MI_FLUSH_DW` and
 //! `PIPE_CONTROL` post-sync writes (to an address, or by "store data index" into the context's
 //! status page), `MI_USER_INTERRUPT`,
 //! `XY_COLOR_BLT`, `XY_SRC_COPY_BLT`, `XY_FAST_COPY_BLT` (linear and X-tiled), and a model of
