@@ -28,8 +28,9 @@ pub struct DestDevice<F: VmFactory> {
     written: Vec<bool>,
     /// Sequence number of the last SYNC section applied.
     synced: Option<u64>,
-    /// Why this stream was refused (offset, reason): the first error a write met, logged once
-    /// and given again by every later write and by the stop that ends resuming.
+    /// Why this stream was refused (offset, reason): the first error a write met, given again
+    /// by every later write and by the stop that ends resuming (whoever reports the failure
+    /// reports the real reason, not a missing END).
     refused: Option<(u64, String)>,
 }
 
@@ -320,7 +321,6 @@ impl<F: VmFactory> StateLoader for DestDevice<F> {
                 DeviceError::BadStream { offset, reason } => (*offset, reason.clone()),
                 other => (0, other.to_string()),
             };
-            tracing::error!(error = %e, "the destination refuses the migration stream");
             self.refused = Some(refused);
         }
         r

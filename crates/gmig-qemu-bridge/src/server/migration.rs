@@ -91,6 +91,10 @@ impl<D: UserDevice> Server<D> {
                 let mut r = Reader::new(data);
                 let want = r.u32().map_err(|_| libc::EINVAL)?;
                 let state = DeviceState::try_from(want).map_err(|_| libc::EINVAL)?;
+                if state == DeviceState::Resuming {
+                    // A new stream: its refusal, if any, is logged again.
+                    self.refusal_logged = None;
+                }
                 h.set_state(state).map_err(|_| libc::EINVAL)?;
                 out.put32(h.state() as u32);
                 out.put32(u32::MAX);
@@ -197,7 +201,15 @@ impl<D: UserDevice> Server<D> {
         }
         let h = self.device.migration().ok_or(libc::ENOTSUP)?;
         let id = h.open_stream().map(|s| s.id).ok_or(libc::EINVAL)?;
-        h.write(id, data).map_err(|_| libc::EINVAL)?;
+        if let Err(e) = h.write(id, data) {
+            // The client hears EINVAL; the person reads why here, once per stream.
+            let why = e.to_string();
+            if self.refusal_logged.as_deref() != Some(why.as_str()) {
+                tracing::error!(error = %why, "the destination refuses the migration stream");
+                self.refusal_logged = Some(why);
+            }
+            return Err(libc::EINVAL);
+        }
         Ok(Vec::new())
     }
 }

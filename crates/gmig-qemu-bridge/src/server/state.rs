@@ -59,6 +59,9 @@ pub struct Server<D: UserDevice> {
     pub(super) spare: Vec<u8>,
     /// Features switched off for negative controls (all on by default).
     pub(super) controls: NegativeControls,
+    /// The last refusal of migration data logged (vfio-user replies carry only an errno, so the
+    /// reason goes to the log, once per stream).
+    pub(super) refusal_logged: Option<String>,
 }
 
 /// How the server's DMA logging behaves: as specified, or switched off for a negative control.
@@ -128,6 +131,7 @@ impl<D: UserDevice> Server<D> {
             next_id: 0x8000,
             rx: Vec::new(),
             spare: Vec::new(),
+            refusal_logged: None,
             controls: NegativeControls::default(),
         }
     }
