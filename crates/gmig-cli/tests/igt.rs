@@ -17,21 +17,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gmig_test_support::qemu::pair::Pair;
-use gmig_test_support::qemu::{qemu_source_present, repo_root, Tools, VmSpec};
+use gmig_test_support::qemu::{one_at_a_time, qemu_source_present, repo_root, Tools, VmSpec};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
-}
-
-/// One test at a time: each runs QEMUs under TCG.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether IGT's and QEMU's sources are there to build from; says loudly why not.
@@ -92,7 +84,7 @@ const SUBSET: &[&str] = &[
 
 #[test]
 fn a_subset_of_igts_fast_feedback_list_passes_on_the_vgpu() {
-    let _one = serial();
+    let _one = one_at_a_time();
     if !sources_present() {
         return;
     }
@@ -207,7 +199,7 @@ fn destination_result(p: &mut Pair, limit: Duration) -> Option<String> {
 
 #[test]
 fn an_igt_test_passes_across_a_live_migration_to_another_slot() {
-    let _one = serial();
+    let _one = one_at_a_time();
     if !sources_present() {
         return;
     }
@@ -237,7 +229,7 @@ fn an_igt_test_passes_across_a_live_migration_to_another_slot() {
 
 #[test]
 fn without_remapping_the_migrated_igt_test_does_not_pass() {
-    let _one = serial();
+    let _one = one_at_a_time();
     if !sources_present() {
         return;
     }

@@ -19,22 +19,17 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gmig_test_support::qemu::pair::{free_port, qmp_return as qmp, Pair};
-use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools, Vm, VmSpec};
+use gmig_test_support::qemu::{
+    checksum_line, one_at_a_time, qemu_source_present, Serve, Tools, Vm, VmSpec,
+};
 use serde_json::Value;
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
-}
-
-/// One test at a time: each runs several QEMUs.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 const FRAMES: u32 = 20_000;
@@ -157,7 +152,7 @@ fn status(p: &mut Pair) -> Value {
 /// Partitions the migration link in `phase`, cancels, checks the source runs with its vGPU,
 /// then migrates to a fresh destination and checks the guest ends there as an unmigrated run.
 fn partition_cancel_and_retry(phase: Phase, tag: &str) {
-    let _one = serial();
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(tools) = tools(dir.path()) else {
         return;
@@ -262,7 +257,7 @@ fn a_link_that_fails_mid_stop_copy_fails_it_and_a_later_migration_succeeds() {
 
 #[test]
 fn a_source_server_killed_mid_migration_fails_it_and_qemu_says_why() {
-    let _one = serial();
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(tools) = tools(dir.path()) else {
         return;

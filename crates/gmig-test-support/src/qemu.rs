@@ -22,6 +22,14 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// One QEMU test at a time in this test process (each runs QEMUs under TCG on two cores): hold
+/// the guard for the test's length.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Whether QEMU's source tarball is beside the repository (`../shared/qemu`, or `$GMIG_SHARED`),
 /// so the QEMU tests can build QEMU; says loudly that they skip when it is not.
 pub fn qemu_source_present() -> bool {

@@ -40,9 +40,8 @@ fn host(n: usize, seed: u64) -> Host {
     Host { vgpus }
 }
 
-/// Submits `cmds` from the hostile guest (vGPU 0), checks the refusal, then checks everyone
-/// keeps working and the neighbour is exactly where a run without the attack would be.
-fn attack(cmds: impl Fn(&Host) -> Vec<u32>, want: FaultKind) -> String {
+/// Two hosts of two vGPUs each, every guest two frames in: one for an attack, one without it.
+fn warmed_hosts() -> (Host, Host) {
     let mut h = host(2, 40);
     let mut quiet = host(2, 40);
     for hh in [&mut h, &mut quiet] {
@@ -50,6 +49,13 @@ fn attack(cmds: impl Fn(&Host) -> Vec<u32>, want: FaultKind) -> String {
             d.run_frames(v, 2).unwrap();
         }
     }
+    (h, quiet)
+}
+
+/// Submits `cmds` from the hostile guest (vGPU 0), checks the refusal, then checks everyone
+/// keeps working and the neighbour is exactly where a run without the attack would be.
+fn attack(cmds: impl Fn(&Host) -> Vec<u32>, want: FaultKind) -> String {
+    let (mut h, mut quiet) = warmed_hosts();
     let bad = cmds(&h);
     let (v0, d0) = &mut h.vgpus[0];
     let executed_before = v0.stats().executed;
@@ -154,13 +160,7 @@ fn forbidden_command_is_refused() {
 /// and the neighbour is untouched.
 #[test]
 fn a_self_looping_batch_spins_its_own_engine_until_reset() {
-    let mut h = host(2, 40);
-    let mut quiet = host(2, 40);
-    for hh in [&mut h, &mut quiet] {
-        for (v, d) in &mut hh.vgpus {
-            d.run_frames(v, 2).unwrap();
-        }
-    }
+    let (mut h, mut quiet) = warmed_hosts();
     let (v0, d0) = &mut h.vgpus[0];
     let b = d0.next_batch(EngineId::Blitter);
     let spin = build::mi_batch_buffer_start(AddressSpace::Ggtt, b.gpu, false);
