@@ -18,6 +18,14 @@ use gmig_vgpu::workload::{GuestDriver, Profile, WorkloadConfig};
 use gmig_vgpu::Vgpu;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
+mod guest;
+mod guest_ops;
+mod guest_play;
+mod guest_seed;
+
+pub use guest::{vgpu_guest, vgpu_guest_seeds};
+pub use guest_ops::GuestOutcome;
+
 /// Guest RAM of the harnesses' vGPUs (small: a stream carries all of it).
 pub const FUZZ_RAM: u64 = 4 << 20;
 const TY: VgpuType = VgpuType::V5_8;
@@ -289,11 +297,16 @@ impl RamImage {
 
     /// Whether guest RAM `mem` is exactly this image (same size, same bytes), compared in place.
     fn held_by(&self, mem: &GuestRam) -> bool {
+        self.held_at(mem, 0)
+    }
+
+    /// Whether guest RAM `mem`, one region from `start`, is exactly this image.
+    fn held_at(&self, mem: &GuestRam, start: u64) -> bool {
         let want = &self.bytes;
-        if ram_size(mem) != want.len() as u64 {
+        if ram_size(mem) != start + want.len() as u64 {
             return false;
         }
-        let Ok(slice) = mem.get_slice(GuestAddress(0), want.len()) else {
+        let Ok(slice) = mem.get_slice(GuestAddress(start), want.len()) else {
             return false;
         };
         let guard = slice.ptr_guard();

@@ -62,6 +62,15 @@ fn keep_seed(target: &str, seed: &[u8]) {
     }
 }
 
+/// With `GMIG_FUZZ_SEED_DIR` set, leaves a named seed in `$GMIG_FUZZ_SEED_DIR/<target>/seed-<name>`.
+fn keep_named_seed(target: &str, name: &str, seed: &[u8]) {
+    if let Some(dir) = std::env::var_os("GMIG_FUZZ_SEED_DIR") {
+        let dir = std::path::Path::new(&dir).join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("seed-{name}")), seed).unwrap();
+    }
+}
+
 #[test]
 fn the_stream_decoders_agree_and_never_panic() {
     let stream = fuzz::seed_stream();
@@ -142,4 +151,38 @@ fn the_vfio_user_server_answers_or_closes_and_never_panics() {
     for m in mutations(&seed, 200, 0xc0de) {
         fuzz::vfio_user_session(&m);
     }
+}
+
+#[test]
+fn a_hostile_guest_neither_escapes_nor_silences_its_vgpu() {
+    // The seeds: each profile's driver frames as BAR0 and RAM writes (they submit real work:
+    // every submission completes), and hand-made sequences (one spins an engine until GDRST).
+    let seeds = fuzz::vgpu_guest_seeds();
+    assert!(seeds.len() >= 5, "a seed per profile");
+    for (name, seed) in &seeds {
+        keep_named_seed("vgpu_guest", name, seed);
+        let o = fuzz::vgpu_guest(seed);
+        assert!(o.gdrst_recovers, "{name}: {o:?}");
+        if name.starts_with("frames-") {
+            assert!(o.completed >= 1 && o.refused == 0, "{name}: {o:?}");
+        }
+    }
+    // Mutations: each harness run checks containment (RAM, write log, slices, the neighbour) and
+    // that the vGPU answers after a reset; a broken guarantee panics.
+    let mut ms = Vec::new();
+    for (i, (_, seed)) in seeds.iter().enumerate() {
+        ms.extend(mutations(seed, 48, 0x9e57 + i as u64));
+    }
+    let outcomes: Vec<_> = ms.iter().map(|m| fuzz::vgpu_guest(m)).collect();
+    assert!(
+        outcomes.iter().any(|o| o.refused > 0),
+        "no mutation was refused by the vGPU"
+    );
+    // Each input starts from the booted vGPU: outcomes do not depend on the inputs before.
+    let mut backwards: Vec<_> = ms.iter().rev().map(|m| fuzz::vgpu_guest(m)).collect();
+    backwards.reverse();
+    assert_eq!(
+        outcomes, backwards,
+        "outcomes depend on the order of the inputs"
+    );
 }

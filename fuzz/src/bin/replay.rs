@@ -8,11 +8,12 @@
 //! ```
 //!
 //! `NAME` is one of `decode_walk_remap` (the default), `stream_decode`, `aub_read`, `vgpu_resume`,
-//! `vfio_user_session`. `--mutate` draws inputs with `gmig_cmdparser_fuzz::mutate` (stacked
-//! bit flips, interesting values, truncations, range erasures, duplications, splices) from the
-//! xorshift seed `SEED`, so a run is reproducible; with `--seconds` it stops after `S` seconds if
-//! `N` is not reached first (`N` = 0: no count limit). `--random N SEED` generates inputs biased
-//! towards real command headers and addresses inside the ring/batch pages.
+//! `vgpu_guest` (accepted: the vGPU answered after GDRST alone), `vfio_user_session`. `--mutate`
+//! draws inputs with `gmig_cmdparser_fuzz::mutate` (stacked bit flips, interesting values,
+//! truncations, range erasures, duplications, splices) from the xorshift seed `SEED`, so a run is
+//! reproducible; with `--seconds` it stops after `S` seconds if `N` is not reached first (`N` =
+//! 0: no count limit). `--random N SEED` generates inputs biased towards real command headers and
+//! addresses inside the ring/batch pages.
 //!
 //! A broken guarantee (a panic) writes the input to `DIR/crash-NAME-SEED-I` (`DIR` defaults to
 //! `.`) and exits with status 1. See docs/fuzzing.md.
@@ -68,6 +69,8 @@ fn harness(name: &str) -> fn(&[u8]) -> bool {
             false
         },
         "vgpu_resume" => gmig_test_support::fuzz::vgpu_resume,
+        // Accepted: the vGPU answered after GDRST alone (no device reset needed).
+        "vgpu_guest" => |d| gmig_test_support::fuzz::vgpu_guest(d).gdrst_recovers,
         "vfio_user_session" => |d| {
             gmig_test_support::fuzz::vfio_user_session(d);
             false
