@@ -3,20 +3,23 @@
 //! page tables), the aperture — and letting the engines run.
 //!
 //! Per thread, one vGPU per guest-driver profile is booted (GEN9 64+384, guest RAM from
-//! [`RAM_BASE`] to [`GUEST_RAM_END`], the driver's contexts, rings, status pages, PPGTT and objects, two frames run) on the
-//! first input that asks for it, and cloned for each input; the clones share the booted guest
-//! RAM, which goes back to its booted bytes after each input. A second vGPU, the neighbour, sits
-//! in the next slot of the same host with its own RAM and is never touched by an input.
+//! [`RAM_BASE`] to [`GUEST_RAM_END`], the driver's contexts, rings, status pages, PPGTT and
+//! objects, two frames run) on the first input that asks for it, and cloned for each input; the
+//! clones share the booted guest RAM, which goes back to its booted bytes after each input. A
+//! second vGPU, the neighbour, sits in the next slot of the same host with its own RAM and is
+//! never touched by an input.
 //!
 //! Input: byte 0 picks the profile (`Profile::ALL[b % 5]`); the rest is a sequence of operations
-//! (at most [`MAX_OPS`]), each an opcode byte (`b % 14`, [`op`]) and its operands. Reading past
-//! the end of the input gives zeroes. Operand encodings bias addresses towards what the set-up
-//! uses: see `docs/fuzzing.md` ("`vgpu_guest`") and the decoders below.
+//! (at most [`MAX_OPS`](super::guest_ops::MAX_OPS)), each an opcode byte (`b % 14`,
+//! [`op`](super::guest_ops::op)) and its operands. Reading past the end of the input gives
+//! zeroes. Operand encodings bias addresses towards what the set-up uses: see `docs/fuzzing.md`
+//! ("`vgpu_guest`") and the decoders in `guest_play.rs`.
 //!
 //! After the operations the engines run until idle, and the harness checks:
 //! 1. no panic (anywhere in the vGPU);
 //! 2. no access outside the guest's RAM and the vGPU's slices: every page the device reports
-//!    written (its write log, aperture writes) lies in its RAM; every RAM page that changed was
+//!    written (its write log, aperture writes) lies in its RAM, and those the engine wrote are in
+//!    its candidate write set (what migration's dirty tracking uses); every RAM page that changed was
 //!    written by the guest's CPU (an input operation) or reported by the device — restoring those
 //!    pages must give back the booted RAM byte for byte; the neighbour's RAM and registers are
 //!    unchanged; the host-side shadows of address registers lie in the vGPU's host slices; GGTT
