@@ -417,8 +417,15 @@ fn rect_range(base: u64, (x1, y1, x2, y2): (u32, u32, u32, u32), s: Surface) -> 
         (y1, y2)
     };
     let (first_col, end_col) = if tile_rows > 1 {
-        // A tiled row of tiles spans the whole pitch.
-        (0i64, pitch.abs())
+        // A tiled row of tiles spans the whole pitch; columns past the pitch reach into the
+        // tiles after it, up to one 4 KiB tile per 128 bytes of row (Y tiles; X tiles are wider).
+        let row = i64::from(x2).checked_mul(i64::try_from(cpp).ok()?)?;
+        let end = if row <= pitch.abs() {
+            pitch.abs()
+        } else {
+            row.checked_add(127)?.checked_div(128)?.checked_mul(4096)?
+        };
+        (0i64, end.max(pitch.abs()))
     } else {
         (
             i64::from(x1).checked_mul(i64::try_from(cpp).ok()?)?,

@@ -1075,3 +1075,30 @@ fn walk_looping_walks_a_spinner_once_and_goes_on_in_the_ring() {
     let r = walk(Gen::Gen9, Engine::Render, &m, span, budget, &mut |_| Ok(()));
     assert!(matches!(r, Err(WalkError::Budget { .. })), "{r:?}");
 }
+
+/// An X-tiled blit whose rows are wider than its pitch reaches into the tiles after each row of
+/// tiles (the engine's addressing; found by the `vgpu_guest` fuzz target): the write set covers
+/// them. 2048 pixels of 4 bytes at a 512-byte pitch: tiles 0..16, 64 KiB.
+#[test]
+fn a_tiled_blit_wider_than_its_pitch_names_every_tile_it_reaches() {
+    let mut b = build::xy_color_blt(
+        0x4000_0000,
+        128,
+        4,
+        Rect {
+            x1: 0,
+            y1: 0,
+            x2: 2048,
+            y2: 8,
+        },
+        0x1234_5678,
+    );
+    b[0] |= 1 << 11;
+    let d = Decoder::new(Gen::Gen9, Engine::Blitter, &b)
+        .next()
+        .unwrap()
+        .unwrap();
+    let u = d.addresses(&BatchContext::RING).next().unwrap();
+    assert_eq!(u.start, 0x4000_0000);
+    assert!(u.len >= 16 * 4096, "the write set names {:#x} bytes", u.len);
+}

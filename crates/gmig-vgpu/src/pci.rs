@@ -317,13 +317,14 @@ pub fn aperture_write(vgpu: &Vgpu, offset: u64, data: &[u8]) -> Vec<crate::gm::G
     let mut pages = Vec::new();
     let mut done = 0usize;
     for (addr, n) in vgpu.aperture_ranges(offset, data.len() as u64) {
-        let mut part = Vec::new();
-        if view
-            .write(Space::Ggtt, addr, &data[done..done + n as usize], &mut part)
-            .is_ok()
-        {
-            pages.append(&mut part);
-        }
+        // A write that fails part-way (into an unmapped page) still wrote what came before:
+        // those pages are reported too.
+        let _ = view.write(
+            Space::Ggtt,
+            addr,
+            &data[done..done + n as usize],
+            &mut pages,
+        );
         done += n as usize;
     }
     pages
@@ -567,5 +568,26 @@ mod tests {
         let mut linear = [0u8; 4];
         aperture_read(&v, ap + 1024, &mut linear);
         assert_eq!(u32::from_le_bytes(linear), 2);
+    }
+
+    #[test]
+    fn an_aperture_write_into_an_unmapped_page_reports_what_it_wrote_before() {
+        use vm_memory::{Bytes, GuestAddress};
+        let mut v = vgpu();
+        // The aperture's first page maps guest frame 16; the next page is unmapped.
+        let ap = v.guest_view().aperture.base.0;
+        let entry = u64::from(mmio::GTT_MMIO_BASE) + ap / 4096 * 8;
+        bar0_write(&mut v, entry, &((16u64 << 12) | 1).to_le_bytes());
+        let pages = aperture_write(&v, ap + 0xffe, &[0xaa; 4]);
+        let got: u16 = v
+            .guest_memory()
+            .read_obj(GuestAddress(16 * 4096 + 0xffe))
+            .unwrap();
+        assert_eq!(got, 0xaaaa, "the bytes before the unmapped page landed");
+        assert_eq!(
+            pages,
+            vec![crate::gm::Gfn(16)],
+            "and their page is reported"
+        );
     }
 }
