@@ -577,3 +577,64 @@ fn an_igt_spinner_spins_until_the_cpu_ends_it() {
         (mmio::CSB_CTX_COMPLETE | mmio::CSB_ACTIVE_TO_IDLE, CTX_ID)
     );
 }
+
+#[test]
+fn a_post_sync_address_cut_off_by_the_length_writes_nothing() {
+    // MI_FLUSH_DW with a timestamp post-sync and a length of 2 dwords: its address would run
+    // past the command, so the parser neither audits nor rebases it and the engine must not
+    // write through it (fuzz finding 4: the engine wrote a page the write set did not name).
+    // A store data immediate of 2 dwords likewise carries no address.
+    let mut s = Setup::new();
+    s.put(STATUS_RAM + 0x10, &[0x5eed_0001, 0x5eed_0002]);
+    let mut batch = user_batch();
+    let n = batch.len();
+    batch.truncate(n - 2);
+    batch.extend([0x1300_c000, STATUS_VA as u32 + 0x10]);
+    batch.extend([0x1000_0000, STATUS_VA as u32 + 0x14]);
+    batch.extend([0x0500_0000, 0]);
+    s.submit(&batch);
+    assert!(s.v.faults().is_empty(), "{:?}", s.v.faults());
+    assert_eq!(s.breadcrumb(), SEQNO, "the request completed");
+    assert_eq!(s.get(STATUS_RAM + 0x10), 0x5eed_0001, "the flush wrote");
+    assert_eq!(s.get(STATUS_RAM + 0x14), 0x5eed_0002, "the store wrote");
+    let log = s.v.take_write_log();
+    let missed: Vec<_> = log.actual.difference(&log.candidate).collect();
+    assert!(
+        missed.is_empty(),
+        "written outside the write set: {missed:?}"
+    );
+}
+
+#[test]
+fn a_negative_blit_pitch_runs_rows_upwards_within_the_write_set() {
+    // BR13's pitch is a signed 16-bit field: with -PITCH from the last row's address, row y of
+    // the fill lands y rows above it, where the parser's write set puts it (fuzz finding 4: the
+    // engine read the field unsigned and wrote pages 13 apart that the write set did not name).
+    let up = PITCH.wrapping_neg() & 0xffff;
+    let last_row = FB_VA as u32 + (H - 1) * PITCH;
+    let s = run_batch(&[
+        XY_COLOR_BLT,
+        BR13_FILL | up,
+        0,
+        4 << 16 | 8,
+        last_row,
+        0,
+        0xff44_5566,
+    ]);
+    for (x, y, want) in [
+        (0, H - 1, 0xff44_5566),
+        (7, H - 4, 0xff44_5566),
+        (8, H - 1, 0xff11_2233),
+        (0, H - 5, 0xff11_2233),
+        (0, 0, 0xff11_2233),
+    ] {
+        assert_eq!(s.pixel(x, y), want, "pixel ({x}, {y})");
+    }
+    let mut s = s;
+    let log = s.v.take_write_log();
+    let missed: Vec<_> = log.actual.difference(&log.candidate).collect();
+    assert!(
+        missed.is_empty(),
+        "written outside the write set: {missed:?}"
+    );
+}

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{addr48, dw, Ctx, Outcome, SideEffect};
+use super::{addr48, dw, holds, Ctx, Outcome, SideEffect};
 use crate::gtt::{GttError, Space};
 use crate::work::ShadowCommand;
 
@@ -83,6 +83,9 @@ pub(super) fn run_mi(
         "MI_NOOP" | "MI_BATCH_BUFFER_END" | "MI_BATCH_BUFFER_START" => Ok(Outcome::Executed),
         "MI_STORE_DATA_IMM" => {
             // MI_STORE_DATA_IMM: DW1-2 address, DW3.. data.
+            if !holds(cmd, 1, 2) {
+                return Ok(Outcome::Executed);
+            }
             let addr = addr48(dw(cmd, 1), dw(cmd, 2), 3);
             let data: Vec<u8> = cmd
                 .dwords
@@ -197,6 +200,9 @@ pub(super) fn run_mi(
             // "Store data index" (DW0 bit 21): DW1 is an offset into the context's status page.
             if let Some(u) = ctx.index_use(cmd) {
                 ctx.write_index(u.per_process, u.offset, bytes)?;
+                return Ok(Outcome::Executed);
+            }
+            if !holds(cmd, 1, 2) {
                 return Ok(Outcome::Executed);
             }
             let space = if dw(cmd, 1) & (1 << 2) != 0 {

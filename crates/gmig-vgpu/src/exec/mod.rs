@@ -51,8 +51,20 @@ enum Tiling {
 struct Surface {
     space: Space,
     base: u64,
-    pitch: u64,
+    /// Bytes from one row to the next: negative for a bottom-up linear surface.
+    pitch: i64,
     tiling: Tiling,
+}
+
+/// A blit's pitch field (BR13 or the source pitch dword, bits 15:0), as the parser reads it:
+/// a signed 16-bit byte count for a linear surface; for a tiled one its magnitude in dwords.
+fn blit_pitch(field: u32, tiled: bool) -> i64 {
+    let pitch = i64::from((field as u16).cast_signed());
+    if tiled {
+        pitch.abs() * 4
+    } else {
+        pitch
+    }
 }
 
 impl Surface {
@@ -60,21 +72,26 @@ impl Surface {
     /// length `len`).
     fn span(&self, x: u64, y: u64, len: u64) -> Option<(u64, u64)> {
         match self.tiling {
-            Tiling::Linear => Some((
-                self.base
-                    .checked_add(y.checked_mul(self.pitch)?.checked_add(x)?)?,
-                len,
-            )),
+            Tiling::Linear => {
+                let row = i64::try_from(y).ok()?.checked_mul(self.pitch)?;
+                let off = row.checked_add(i64::try_from(x).ok()?)?;
+                let addr = if off >= 0 {
+                    self.base.checked_add(off.unsigned_abs())?
+                } else {
+                    self.base.checked_sub(off.unsigned_abs())?
+                };
+                Some((addr, len))
+            }
             Tiling::X => {
                 // X tile: 512 bytes x 8 rows = 4 KiB, tiles laid out row-major.
-                let tiles_per_row = self.pitch / 512;
+                let tiles_per_row = self.pitch.unsigned_abs() / 512;
                 let tile = (y / 8).checked_mul(tiles_per_row)?.checked_add(x / 512)?;
                 let off = tile.checked_mul(4096)? + (y % 8) * 512 + x % 512;
                 Some((self.base.checked_add(off)?, len.min(512 - x % 512)))
             }
             Tiling::Y => {
                 // Legacy Y tile: 128 bytes x 32 rows = 4 KiB, made of 16-byte columns of 32 rows.
-                let tiles_per_row = self.pitch / 128;
+                let tiles_per_row = self.pitch.unsigned_abs() / 128;
                 let tile = (y / 32).checked_mul(tiles_per_row)?.checked_add(x / 128)?;
                 let within = (x % 128) / 16 * 512 + (y % 32) * 16 + x % 16;
                 let off = tile.checked_mul(4096)?.checked_add(within)?;
@@ -449,6 +466,13 @@ fn dw(cmd: &ShadowCommand, i: usize) -> u32 {
     cmd.dwords.get(i).copied().unwrap_or(0)
 }
 
+/// Whether the command's address field at dwords `first..first + width` lies within its
+/// length. The parser yields no address for a field the length cuts off (nothing audited,
+/// nothing rebased), so the engine writes nothing through it.
+fn holds(cmd: &ShadowCommand, first: usize, width: usize) -> bool {
+    cmd.dwords.len() >= first + width
+}
+
 /// One command as the engine runs it: its name, its footprint (work commands) and the clock.
 #[derive(Clone, Copy)]
 struct Work<'a> {
@@ -514,11 +538,10 @@ fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<
             // XY_COLOR_BLT: DW1 BR13, DW2 top-left, DW3 bottom-right (exclusive), DW4-5 dst, DW6 colour.
             let bpp = br13_bpp(dw(cmd, 1));
             let tiled = d0 & (1 << 11) != 0;
-            let pitch = u64::from(dw(cmd, 1) & 0xffff) * if tiled { 4 } else { 1 };
             let dst = Surface {
                 space,
                 base: addr48(dw(cmd, 4), dw(cmd, 5), 0),
-                pitch,
+                pitch: blit_pitch(dw(cmd, 1), tiled),
                 tiling: if tiled { Tiling::X } else { Tiling::Linear },
             };
             let (x1, y1, x2, y2) = rect(dw(cmd, 2), dw(cmd, 3));
@@ -547,13 +570,13 @@ fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<
             let dst = Surface {
                 space,
                 base: addr48(dw(cmd, 4), dw(cmd, 5), 0),
-                pitch: u64::from(dw(cmd, 1) & 0xffff) * if dt { 4 } else { 1 },
+                pitch: blit_pitch(dw(cmd, 1), dt),
                 tiling: if dt { Tiling::X } else { Tiling::Linear },
             };
             let src = Surface {
                 space,
                 base: addr48(dw(cmd, 8), dw(cmd, 9), 0),
-                pitch: u64::from(dw(cmd, 7) & 0xffff) * if st { 4 } else { 1 },
+                pitch: blit_pitch(dw(cmd, 7), st),
                 tiling: if st { Tiling::X } else { Tiling::Linear },
             };
             let (x1, y1, x2, y2) = rect(dw(cmd, 2), dw(cmd, 3));
@@ -581,7 +604,7 @@ fn run_2d(ctx: &mut Ctx<'_>, cmd: &ShadowCommand, name: &'static str) -> Result<
             let mk = |t: u32, pitch: u32, lo: u32, hi: u32| Surface {
                 space,
                 base: addr48(lo, hi, 0),
-                pitch: u64::from(pitch & 0xffff) * if t == 0 { 1 } else { 4 },
+                pitch: blit_pitch(pitch, t != 0),
                 tiling: match t {
                     0 => Tiling::Linear,
                     1 => Tiling::X,
@@ -651,7 +674,7 @@ fn copy_rect(
 ) -> Result<(), GttError> {
     let w = u64::from(x2.saturating_sub(x1)) * bpp;
     let h = u64::from(y2.saturating_sub(y1));
-    if src.tiling == Tiling::Linear && src.pitch == w && w > 0 && h > 0 {
+    if src.tiling == Tiling::Linear && i64::try_from(w) == Ok(src.pitch) && w > 0 && h > 0 {
         // The source rows are back to back: fetch the block in one go.
         let start = src
             .base
@@ -732,6 +755,9 @@ fn run_3d(
             // (i915's render flush writes its scratch dword there).
             if let Some(u) = ctx.index_use(cmd) {
                 ctx.write_index(u.per_process, u.offset, &value.to_le_bytes())?;
+                return Ok(Outcome::Executed);
+            }
+            if !holds(cmd, 2, 2) {
                 return Ok(Outcome::Executed);
             }
             let sp = if dw(cmd, 1) & (1 << 24) != 0 {
