@@ -350,9 +350,22 @@ impl Client {
 
     /// Maps `size` bytes of `file` from `offset` at DMA address `address`, read-write.
     pub fn dma_map(&mut self, file: &File, offset: u64, address: u64, size: u64) -> Result<()> {
+        self.dma_map_flags(file, offset, address, size, 3)
+    }
+
+    /// [`Client::dma_map`] with the map's `flags` (bit 0 the device may read, bit 1 write): a
+    /// map with bit 0 alone is read-only to the device, as QEMU maps ROM.
+    pub fn dma_map_flags(
+        &mut self,
+        file: &File,
+        offset: u64,
+        address: u64,
+        size: u64,
+        flags: u32,
+    ) -> Result<()> {
         let m = DmaMap {
             argsz: DmaMap::LEN as u32,
-            flags: 3,
+            flags,
             offset,
             address,
             size,

@@ -41,24 +41,33 @@ pub(crate) fn irq_set_data(
     data.get(..count as usize).map(Some).ok_or(libc::EINVAL)
 }
 
-/// Whether `mem` is exactly the descriptor-backed `ranges` (same addresses, sizes, files and
-/// offsets), so nothing needs remapping.
-pub(crate) fn same_memory(
-    mem: Option<&GuestMemoryMmap>,
-    ranges: &[(GuestAddress, usize, Option<FileOffset>)],
-) -> bool {
+/// One descriptor-backed DMA region as the server maps it.
+pub(crate) struct Section {
+    pub(crate) at: GuestAddress,
+    pub(crate) size: usize,
+    pub(crate) file: FileOffset,
+    /// Mapped `PROT_READ | PROT_WRITE` when the client allowed writes, else `PROT_READ`: the
+    /// vGPU refuses its own writes there (`gmig_vgpu::ram`), and any it missed would fault
+    /// rather than write.
+    pub(crate) writable: bool,
+}
+
+/// Whether `mem` is exactly the descriptor-backed `sections` (same addresses, sizes, files,
+/// offsets and protection), so nothing needs remapping.
+pub(crate) fn same_memory(mem: Option<&GuestMemoryMmap>, sections: &[Section]) -> bool {
     use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
     let Some(mem) = mem else {
-        return ranges.is_empty();
+        return sections.is_empty();
     };
-    mem.num_regions() == ranges.len()
-        && mem.iter().zip(ranges).all(|(r, (at, size, file))| {
-            let same_file = match (r.file_offset(), file) {
-                (Some(a), Some(b)) => {
-                    std::sync::Arc::ptr_eq(a.arc(), b.arc()) && a.start() == b.start()
-                }
-                _ => false,
-            };
-            r.start_addr() == *at && r.len() == *size as u64 && same_file
+    mem.num_regions() == sections.len()
+        && mem.iter().zip(sections).all(|(r, s)| {
+            let same_file = r.file_offset().is_some_and(|a| {
+                std::sync::Arc::ptr_eq(a.arc(), s.file.arc()) && a.start() == s.file.start()
+            });
+            let writable = r.prot() & libc::PROT_WRITE != 0;
+            r.start_addr() == s.at
+                && r.len() == s.size as u64
+                && same_file
+                && writable == s.writable
         })
 }

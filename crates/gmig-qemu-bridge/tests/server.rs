@@ -304,6 +304,21 @@ fn base_protocol_regions_dma_into_client_memory_irqs_and_reset() {
         refused(c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0])),
         libc::EFAULT
     );
+    // Mapped read-only (DMA_MAP flags: read alone), as QEMU maps ROM: the device's DMA write
+    // is refused with EPERM and the client's memory keeps its bytes; its DMA read works.
+    let rom = tempfile::tempfile().unwrap();
+    rom.set_len(0x8000).unwrap();
+    rom.write_all_at(b"ROM!", DMA_TARGET - DMA_BASE).unwrap();
+    c.dma_map_flags(&rom, 0, DMA_BASE, 0x8000, 1).unwrap();
+    assert_eq!(
+        refused(c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0])),
+        libc::EPERM
+    );
+    rom.read_exact_at(&mut got, DMA_TARGET - DMA_BASE).unwrap();
+    assert_eq!(&got, b"ROM!");
+    c.region_write(BAR0, REG_COPY, &DMA_TARGET.to_le_bytes())
+        .unwrap();
+    assert_eq!(c.region_read(BAR0, COPY_SLOT, 4).unwrap(), b"ROM!");
     drop(c);
     let dev = server.join().unwrap();
     assert_eq!(dev.resets, 1);

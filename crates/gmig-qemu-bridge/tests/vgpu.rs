@@ -370,3 +370,53 @@ fn a_device_reset_clears_the_ggtt_and_the_registers() {
         server.join().unwrap();
     }
 }
+
+/// A DMA_MAP without the write flag is read-only to the vGPU, as an IOMMU mapping is: a write
+/// it makes there (a CPU write through the aperture onto a GGTT entry that names such a frame)
+/// is refused and the client's memory keeps its bytes, while the writable map beside it takes
+/// the same write; reading the read-only map works. The control maps the range writable: the
+/// write lands. A map the device may not read, or with unknown flags, is refused.
+#[test]
+fn a_read_only_dma_map_stays_read_only_to_the_vgpu() {
+    use gmig_qemu_bridge::client::ClientError;
+    const HALF: u64 = RAM / 2;
+    for writable in [false, true] {
+        let (s, _) = gmig_test_support::moved_slices(TY);
+        let (path, server, _dir) = spawn(s, None, true);
+        let mut c = Client::connect(&path).unwrap();
+        let ram = tempfile::tempfile().unwrap();
+        ram.set_len(RAM).unwrap();
+        ram.write_all_at(b"ROM!", HALF + 0x20).unwrap();
+        for bad in [0, 2, 1 | 4] {
+            match c.dma_map_flags(&ram, 0, 0, HALF, bad) {
+                Err(ClientError::Refused { errno, .. }) => assert_eq!(errno, libc::EINVAL),
+                other => panic!("flags {bad}: expected a refusal, got {other:?}"),
+            }
+        }
+        c.dma_map(&ram, 0, 0, HALF).unwrap();
+        c.dma_map_flags(&ram, HALF, HALF, HALF, if writable { 3 } else { 1 })
+            .unwrap();
+        // Aperture page 0 onto frame 5 (writable map), page 1 onto the second map's first frame.
+        let ap = s.aperture.base.0;
+        let entry = |page: u64| u64::from(mmio::GTT_MMIO_BASE) + (ap / 4096 + page) * 8;
+        c.region_write(0, entry(0), &((5u64 << 12) | 1).to_le_bytes())
+            .unwrap();
+        c.region_write(0, entry(1), &(HALF | 1).to_le_bytes())
+            .unwrap();
+        assert_eq!(c.region_read(2, ap + 4096 + 0x20, 4).unwrap(), b"ROM!");
+        c.region_write(2, ap + 0x20, b"vGPU").unwrap();
+        c.region_write(2, ap + 4096 + 0x20, b"vGPU").unwrap();
+        let mut got = [0u8; 4];
+        ram.read_exact_at(&mut got, 5 * 4096 + 0x20).unwrap();
+        assert_eq!(&got, b"vGPU", "the writable map takes the write");
+        ram.read_exact_at(&mut got, HALF + 0x20).unwrap();
+        if writable {
+            assert_eq!(&got, b"vGPU", "control: mapped writable, the write lands");
+        } else {
+            assert_eq!(&got, b"ROM!", "the read-only map keeps its bytes");
+        }
+        drop(c);
+        let backend = server.join().unwrap();
+        assert!(backend.vm().is_some(), "the vGPU is still there");
+    }
+}

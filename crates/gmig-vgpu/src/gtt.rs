@@ -45,6 +45,9 @@ pub enum GttError {
     /// Guest RAM has no page at this guest-physical address.
     #[error("guest-physical address {0:#x} is not backed by guest RAM")]
     NoRam(u64),
+    /// The VMM mapped guest RAM here read-only to the device: a device write is refused.
+    #[error("guest RAM at {0:#x} is mapped read-only to the device: write refused")]
+    ReadOnly(u64),
 }
 
 /// Result type of this module.
@@ -466,6 +469,9 @@ impl GpuView<'_> {
                 .checked_add(done as u64)
                 .ok_or(GttError::OutOfSlice(addr))?;
             let (gpa, n) = self.run_at(space, a, data.len() - done)?;
+            if !crate::ram::device_writable(self.mem, gpa, n) {
+                return Err(GttError::ReadOnly(gpa.0));
+            }
             self.mem
                 .write_slice(&data[done..done + n], gpa)
                 .map_err(|_| GttError::NoRam(gpa.0))?;

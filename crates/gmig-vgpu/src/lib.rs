@@ -32,6 +32,7 @@ pub mod gtt;
 pub mod migratable;
 pub mod mmio;
 pub mod pci;
+pub mod ram;
 pub mod regs;
 #[cfg(feature = "engine")]
 pub mod scenario;

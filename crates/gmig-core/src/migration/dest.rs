@@ -206,6 +206,20 @@ impl<F: VmFactory> DestDevice<F> {
                     let addr = gfn
                         .addr()
                         .ok_or(DeviceError::Failed("frame overflow".into()))?;
+                    // A frame the VMM mapped read-only to the device is not the device's
+                    // to write (writing it would fault the process on the protected page).
+                    if mem
+                        .find_region(addr)
+                        .is_some_and(|r| r.prot() & libc::PROT_WRITE == 0)
+                    {
+                        return Err(DeviceError::BadStream {
+                            offset: 0,
+                            reason: format!(
+                                "frame 0x{:x} is mapped read-only to the device",
+                                gfn.0
+                            ),
+                        });
+                    }
                     mem.write_slice(page, addr)
                         .map_err(|e| DeviceError::BadStream {
                             offset: 0,
@@ -486,6 +500,75 @@ mod tests {
         }
         for f in [9, 12, 20, 41] {
             assert!(!resident(mem, f), "frame {f}");
+        }
+    }
+
+    /// A factory whose staging memory the VMM mapped read-only to the device: a page the stream
+    /// brings for it is refused with the reason (not written: that would fault the process).
+    /// The control, writable memory, takes the same page.
+    #[test]
+    fn a_page_for_memory_mapped_read_only_is_refused_with_the_reason() {
+        use crate::migration::synthetic::{SyntheticFactory, SYNTHETIC_TYPE};
+        use crate::stream::{GpuGeneration, PageBatch, StreamHeader, StreamWriter};
+        struct Rom(SyntheticFactory, bool);
+        impl VmFactory for Rom {
+            type Vm = <SyntheticFactory as VmFactory>::Vm;
+            fn compatibility(&self) -> crate::stream::Compatibility {
+                self.0.compatibility()
+            }
+            fn create_memory(
+                &mut self,
+                h: &StreamHeader,
+            ) -> Result<GuestMemoryMmap, crate::migration::vm::VmError> {
+                let prot = if self.1 {
+                    libc::PROT_READ | libc::PROT_WRITE
+                } else {
+                    libc::PROT_READ
+                };
+                let size = h.guest_pages as usize * PAGE_SIZE;
+                let m = vm_memory::mmap::MmapRegionBuilder::new(size)
+                    .with_mmap_prot(prot)
+                    .build()
+                    .unwrap();
+                let r = vm_memory::mmap::GuestRegionMmap::new(m, GuestAddress(0)).unwrap();
+                Ok(GuestMemoryMmap::from_regions(vec![r]).unwrap())
+            }
+            fn restore(
+                &mut self,
+                h: &StreamHeader,
+                m: GuestMemoryMmap,
+                s: &[(StateKind, Vec<u8>)],
+            ) -> Result<(Self::Vm, RestoreTimes), crate::migration::vm::VmError> {
+                self.0.restore(h, m, s)
+            }
+        }
+        for writable in [false, true] {
+            let factory = SyntheticFactory {
+                aperture_base: 0,
+                hidden_base: 0,
+                skip_remap: false,
+            };
+            let mut d = DestDevice::new(Rom(factory, writable), StreamLimits::default());
+            d.start_resuming().unwrap();
+            let header = StreamHeader::new(GpuGeneration::Gen9, SYNTHETIC_TYPE, 0, 0, 64);
+            let mut w = StreamWriter::new(Vec::new(), &header).unwrap();
+            let mut batch = PageBatch::new();
+            batch.push(Gfn(5), &[0x5a; PAGE_SIZE]);
+            w.write_pages(&batch).unwrap();
+            let got = d.resume_write(w.get_mut());
+            if writable {
+                got.unwrap();
+                let mut b = [0u8; 4];
+                d.memory
+                    .as_ref()
+                    .unwrap()
+                    .read_slice(&mut b, GuestAddress(5 * PAGE_SIZE as u64))
+                    .unwrap();
+                assert_eq!(b, [0x5a; 4], "control: writable memory takes the page");
+            } else {
+                let e = got.unwrap_err().to_string();
+                assert!(e.contains("frame 0x5 is mapped read-only"), "{e}");
+            }
         }
     }
 }

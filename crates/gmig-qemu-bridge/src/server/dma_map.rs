@@ -3,16 +3,21 @@
 
 use std::fs::File;
 
+use vm_memory::mmap::{GuestRegionMmap, MmapRegionBuilder};
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
 use super::device::UserDevice;
 use super::state::{DmaRegion, Server};
 use super::MAX_DMA_REGIONS;
 use crate::proto::{DmaMap, DmaUnmap, Errno};
-use crate::server_checks::same_memory;
+use crate::server_checks::{same_memory, Section};
 
 /// `VFIO_DMA_UNMAP_FLAG_ALL`: DMA_UNMAP of every region.
 const UNMAP_ALL: u32 = 1 << 1;
+/// DMA_MAP flags: the device may read the region, write it.
+pub const DMA_READ: u32 = 1 << 0;
+/// See [`DMA_READ`].
+pub const DMA_WRITE: u32 = 1 << 1;
 
 impl<D: UserDevice> Server<D> {
     pub(super) fn dma_map(&mut self, p: &[u8], mut fds: Vec<File>) -> Result<Vec<u8>, Errno> {
@@ -22,6 +27,11 @@ impl<D: UserDevice> Server<D> {
         }
         let end = m.address.checked_add(m.size).ok_or(libc::EINVAL)?;
         if m.address % 4096 != 0 {
+            return Err(libc::EINVAL);
+        }
+        // Readable, and writable or not (QEMU maps ROM and read-only sections without the
+        // write flag); anything else is not a mapping the device can use.
+        if m.flags & DMA_READ == 0 || m.flags & !(DMA_READ | DMA_WRITE) != 0 {
             return Err(libc::EINVAL);
         }
         // The specification: a map over an existing one fails with EEXIST.
@@ -65,6 +75,7 @@ impl<D: UserDevice> Server<D> {
             size: m.size,
             remote: file.is_none() && self.device.remote_dma(),
             file,
+            writable: m.flags & DMA_WRITE != 0,
         });
         self.remap().inspect_err(|_| {
             self.dma.pop();
@@ -104,7 +115,12 @@ impl<D: UserDevice> Server<D> {
             match &r.file {
                 Some(f) => {
                     let size = usize::try_from(r.size).map_err(|_| libc::EINVAL)?;
-                    local.push((GuestAddress(r.address), size, Some(f.clone())));
+                    local.push(Section {
+                        at: GuestAddress(r.address),
+                        size,
+                        file: f.clone(),
+                        writable: r.writable,
+                    });
                 }
                 None if r.remote => remote.push((r.address, r.size)),
                 None => {}
@@ -114,17 +130,38 @@ impl<D: UserDevice> Server<D> {
         // or unmap without a descriptor leaves it as it was).
         if !same_memory(self.mem.as_ref(), &local) {
             tracing::debug!(
-                sections = ?local.iter().map(|(a, n, _)| (a.0, *n)).collect::<Vec<_>>(),
+                sections = ?local.iter().map(|s| (s.at.0, s.size, s.writable)).collect::<Vec<_>>(),
                 "guest memory shared by descriptor changed"
             );
             self.mem = if local.is_empty() {
                 None
             } else {
-                Some(GuestMemoryMmap::from_ranges_with_files(local).map_err(|_| libc::EINVAL)?)
+                Some(map_sections(&local)?)
             };
             self.device.dma_changed(self.mem.as_ref());
         }
         self.device.remote_dma_changed(&remote);
         Ok(())
     }
+}
+
+fn map_sections(sections: &[Section]) -> Result<GuestMemoryMmap, Errno> {
+    let regions = sections
+        .iter()
+        .map(|s| {
+            let prot = if s.writable {
+                libc::PROT_READ | libc::PROT_WRITE
+            } else {
+                libc::PROT_READ
+            };
+            let m = MmapRegionBuilder::new(s.size)
+                .with_file_offset(s.file.clone())
+                .with_mmap_prot(prot)
+                .with_mmap_flags(libc::MAP_SHARED | libc::MAP_NORESERVE)
+                .build()
+                .map_err(|_| libc::EINVAL)?;
+            GuestRegionMmap::new(m, s.at).ok_or(libc::EINVAL)
+        })
+        .collect::<Result<Vec<_>, Errno>>()?;
+    GuestMemoryMmap::from_regions(regions).map_err(|_| libc::EINVAL)
 }

@@ -113,6 +113,11 @@ impl Dma for DmaPort<'_> {
 
     fn write(&mut self, address: u64, data: &[u8]) -> Result<(), Errno> {
         let r = self.region(address, data.len()).ok_or(libc::EFAULT)?;
+        // A region the client mapped without the write flag: refused, as an IOMMU refuses it
+        // (and its descriptor-backed mapping is PROT_READ).
+        if !r.writable {
+            return Err(libc::EPERM);
+        }
         if r.file.is_some() {
             let mem = self.mem.ok_or(libc::EFAULT)?;
             return mem

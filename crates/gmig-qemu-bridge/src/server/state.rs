@@ -34,6 +34,8 @@ pub(super) struct DmaRegion {
     /// if not, the map is taken (as an IOMMU takes a mapping the device never uses) and any
     /// access to it faults.
     pub(super) remote: bool,
+    /// Whether the client allowed the device to write it (`DMA_WRITE`).
+    pub(super) writable: bool,
 }
 
 /// A message the client sent while the server waited for a reply of its own.

@@ -380,8 +380,11 @@ impl GuestDriver {
     }
 
     fn cpu_write(&mut self, vgpu: &Vgpu, gpa: u64, data: &[u8]) -> Result<()> {
-        vgpu.guest_memory()
-            .write_slice(data, GuestAddress(gpa))
+        let mem = vgpu.guest_memory();
+        if !crate::ram::device_writable(mem, GuestAddress(gpa), data.len()) {
+            return Err(WorkloadError::Ram(gpa));
+        }
+        mem.write_slice(data, GuestAddress(gpa))
             .map_err(|_| WorkloadError::Ram(gpa))?;
         let first = gpa / PAGE_SIZE;
         let last = (gpa + data.len().max(1) as u64 - 1) / PAGE_SIZE;
