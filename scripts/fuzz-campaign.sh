@@ -18,6 +18,10 @@
 #
 # FUZZ_ARGS="-ignore_crashes=1" adds libFuzzer flags to every target's run (with
 # -ignore_crashes=1 fork mode goes on after a crash and saves every crashing input).
+# MODE=jobs runs JOBS independent libFuzzer processes (-jobs/-workers) on the shared corpus
+# instead of fork mode: a worker boots its vGPU once and fuzzes for the whole time, where fork
+# mode restarts a process (and boots again) per job and merges serially in the parent; several
+# times the executions a second for the vGPU targets, but a worker stops at its first crash.
 #
 # To run elsewhere (a machine without cargo): STAGE=DIR builds and seeds here, copies the
 # binaries to DIR/bin and the corpora to DIR/corpus, and stops; PREBUILT=DIR on the other machine
@@ -113,16 +117,37 @@ for t in "${TARGETS[@]}"; do
     [ "$t" = vfio_user_session ] && extra=(-max_len=4096)
     # vgpu_guest's recorded frames run to 4.5 KB; let inputs grow a little past them.
     [ "$t" = vgpu_guest ] && extra=(-max_len=8192)
-    ASAN_OPTIONS=$asan "$BIN/$t" "$WORK/corpus/$t" -fork="$JOBS" \
-        -max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=3072 \
-        -artifact_prefix="$WORK/out/$t-" "${extra[@]}" "${more_args[@]}" >"$WORK/out/$t.log" 2>&1 &
+    if [ "${MODE:-fork}" = jobs ]; then
+        # Each worker logs to fuzz-<n>.log in its working directory.
+        mkdir -p "$WORK/out/$t-jobs"
+        (cd "$WORK/out/$t-jobs" && ASAN_OPTIONS=$asan "$BIN/$t" "$WORK/corpus/$t" \
+            -jobs="$JOBS" -workers="$JOBS" \
+            -max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=3072 \
+            -artifact_prefix="$WORK/out/$t-" "${extra[@]}" "${more_args[@]}" \
+            >"$WORK/out/$t.log" 2>&1) &
+    else
+        ASAN_OPTIONS=$asan "$BIN/$t" "$WORK/corpus/$t" -fork="$JOBS" \
+            -max_total_time="$SECONDS_PER_TARGET" -timeout=20 -rss_limit_mb=3072 \
+            -artifact_prefix="$WORK/out/$t-" "${extra[@]}" "${more_args[@]}" \
+            >"$WORK/out/$t.log" 2>&1 &
+    fi
 done
 status=0
 wait || status=$?
 
 for t in "${TARGETS[@]}"; do
     # Fork mode prints "#N: cov: ..." status lines; a single job prints "#N ..." lines.
-    runs=$(grep -oE '^#[0-9]+' "$WORK/out/$t.log" | tail -1 | tr -d '#')
+    if [ "${MODE:-fork}" = jobs ]; then
+        # Each worker's last status line ("#N ...", or "Done N runs") is its execution count.
+        runs=0
+        for log in "$WORK/out/$t-jobs"/fuzz-*.log; do
+            [ -e "$log" ] || continue
+            n=$(grep -oE '^#[0-9]+|^Done [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+' || true)
+            runs=$((runs + ${n:-0}))
+        done
+    else
+        runs=$(grep -oE '^#[0-9]+' "$WORK/out/$t.log" | tail -1 | tr -d '#')
+    fi
     found=$(find "$WORK/out" -name "$t-*" | wc -l)
     echo "$t: ${runs:-0} executions, $found crash/leak/timeout inputs, corpus $(ls "$WORK/corpus/$t" | wc -l) files"
 done
