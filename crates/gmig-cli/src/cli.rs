@@ -558,6 +558,9 @@ pub struct ServeArgs {
     /// Negative control: a restored vGPU keeps the source's graphics addresses.
     #[arg(long, hide = true)]
     pub x_no_remap: bool,
+    /// Negative control: the vGPU has no virtual monitor (no port is present to the guest).
+    #[arg(long, hide = true)]
+    pub x_no_monitor: bool,
     /// Negative control: DMA logging on, off (refused) or blind (reports no page).
     #[arg(long, hide = true, default_value = "on")]
     pub x_dma_log: String,

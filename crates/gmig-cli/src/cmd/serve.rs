@@ -59,6 +59,7 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
             MigrationConfig::new(Policy::OneShotNarrow).max_drain,
         )?,
         gpu_ahead: 0,
+        monitor: !args.x_no_monitor,
     };
     event(
         json,
