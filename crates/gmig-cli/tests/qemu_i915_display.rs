@@ -3,8 +3,14 @@
 //! link, lights pipe A and brings fbcon up on it; without the monitor (`gmig serve
 //! --x-no-monitor`) it finds no connected connector and no frame buffer.
 //!
+//! The host sees the screen: `gmig-kms-draw` (`crates/gmig-vmm/guest/kms.c`) shows a known image
+//! through KMS (dumb buffer, mode set), counts 60 vblanks, flips to a second known image and
+//! waits for the flip's event; the PNG that `gmig serve --screen` writes from the vGPU's primary
+//! plane then equals the second image, pixel for pixel (both are computed here on their own).
+//!
 //! The guest script loads i915, waits for it, prints each DRM connector's status and first mode
-//! (`GMIG-CONN:` lines) and the kernel log (`GMIG-DMESG:` lines).
+//! (`GMIG-CONN:` lines), runs a program if given, and prints the kernel log (`GMIG-DMESG:`
+//! lines).
 //!
 //! Skips (loudly) only where QEMU's source tarball is not beside the repository
 //! (`../shared/qemu`).
@@ -21,9 +27,9 @@ fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
 }
 
-/// The guest's side (`display-probe LIMIT`).
+/// The guest's side (`display-probe LIMIT [PROGRAM ARGS...]`).
 const PROBE_SCRIPT: &str = r#"#!/bin/sh
-limit=$1
+limit=$1; shift
 echo "gmig-display: modprobe i915" >/dev/kmsg
 modprobe i915 &
 pid=$!
@@ -43,6 +49,10 @@ done
 for f in /sys/class/graphics/fb*; do
     [ -e "$f/name" ] && echo "GMIG-FB: ${f##*/} $(cat $f/name) $(cat $f/virtual_size)"
 done
+if [ $# -gt 0 ]; then
+    "$@"
+    echo "GMIG-PROG: exit $?"
+fi
 dmesg | sed -n '/gmig-display: modprobe/,$p' | sed 's/^/GMIG-DMESG: /'
 "#;
 
@@ -65,7 +75,7 @@ fn script(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// QEMU and a guest with i915 and the probe script, or `None` (said loudly).
+/// QEMU and a guest with i915, the probe script and `gmig-kms-draw`, or `None` (said loudly).
 fn tools(dir: &Path) -> Option<Tools> {
     if !qemu_source_present() {
         return None;
@@ -78,6 +88,13 @@ fn tools(dir: &Path) -> Option<Tools> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
     let add = format!("{}:/bin/display-probe", probe.display());
+    let prog = script(&[
+        "crates/gmig-vmm/guest/build-kms.sh",
+        &dir.join("gmig-kms-draw").to_string_lossy(),
+    ])
+    .pop()
+    .expect("build-kms.sh printed no path");
+    let add_prog = format!("{prog}:/bin/gmig-kms-draw");
     let out = dir.join("guest");
     let lines = script(&[
         "scripts/qemu/guest.sh",
@@ -85,6 +102,8 @@ fn tools(dir: &Path) -> Option<Tools> {
         "i915",
         "--add",
         &add,
+        "--add",
+        &add_prog,
         "--out",
         &out.to_string_lossy(),
     ]);
@@ -102,19 +121,33 @@ fn tools(dir: &Path) -> Option<Tools> {
     })
 }
 
-/// Boots the guest on a `gmig serve` with `serve_args`: the console and the server's log.
-fn boot(serve_args: &[&str]) -> Option<(String, String)> {
+/// Boots the guest on a `gmig serve` with `serve_args`, running `prog` (with its arguments,
+/// comma-separated) after the probe; `during` runs while the guest does, with the VM and the
+/// work directory. The console and the server's log.
+fn boot(
+    serve_args: &[&str],
+    prog: Option<&str>,
+    during: impl FnOnce(&mut Vm, &Path),
+) -> Option<(String, String)> {
     let dir = tempfile::tempdir().unwrap();
     let tools = tools(dir.path())?;
-    let mut args = vec!["--clients", "1"];
-    args.extend_from_slice(serve_args);
+    // `{dir}` in an argument: the work directory.
+    let d = dir.path().to_string_lossy().into_owned();
+    let mut args: Vec<String> = vec!["--clients".into(), "1".into()];
+    args.extend(serve_args.iter().map(|a| a.replace("{dir}", &d)));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut serve = Serve::start(gmig(), dir.path(), "gpu", &args);
+    let run = match prog {
+        Some(p) => format!("/bin/display-probe,300,{p}"),
+        None => "/bin/display-probe,300".into(),
+    };
     let spec = VmSpec {
         gpus: vec![serve.socket.clone()],
-        run: Some("/bin/display-probe,300".into()),
+        run: Some(run),
         ..VmSpec::default()
     };
     let mut vm = Vm::start(&tools, &spec, dir.path(), "display");
+    during(&mut vm, dir.path());
     let console = vm.run_to_poweroff(Duration::from_secs(900), &serve);
     let _ = serve.child.wait();
     Some((console, serve.log_text()))
@@ -157,7 +190,7 @@ fn assert_clean(console: &str) {
 #[test]
 fn linux_i915_lights_the_virtual_monitor_and_fbcon_comes_up() {
     let _one = one_at_a_time();
-    let Some((console, server)) = boot(&[]) else {
+    let Some((console, server)) = boot(&[], None, |_, _| {}) else {
         return;
     };
     let log = kernel_log(&console);
@@ -198,7 +231,7 @@ fn linux_i915_lights_the_virtual_monitor_and_fbcon_comes_up() {
 #[test]
 fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
     let _one = one_at_a_time();
-    let Some((console, _)) = boot(&["--x-no-monitor"]) else {
+    let Some((console, _)) = boot(&["--x-no-monitor"], None, |_, _| {}) else {
         return;
     };
     let log = kernel_log(&console);
@@ -215,4 +248,101 @@ fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
     );
     assert!(!log.contains("i915drmfb frame buffer device"), "{log}");
     assert!(lines(&console, "GMIG-FB: ").is_empty());
+}
+
+/// `gmig-kms-draw`'s image `k` at `w` x `h`, `0x00RRGGBB` (the recipe of `kms.c`, written again).
+fn kms_image(w: u32, h: u32, k: u32) -> Vec<u32> {
+    let mut v = Vec::with_capacity((w * h) as usize);
+    for y in 0..h {
+        for x in 0..w {
+            v.push(
+                ((x * 255 / (w - 1)) << 16)
+                    | ((y * 255 / (h - 1)) << 8)
+                    | ((x ^ y ^ (0x55 * k)) & 0xff),
+            );
+        }
+    }
+    v
+}
+
+/// A PNG's size and pixels (`0x00RRGGBB`), read with the `png` crate; `None` while it is not
+/// (yet) a whole 8-bit RGB picture.
+fn read_png(path: &Path) -> Option<(u32, u32, Vec<u32>)> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
+        .read_info()
+        .ok()?;
+    let mut buf = vec![0; reader.output_buffer_size()?];
+    let info = reader.next_frame(&mut buf).ok()?;
+    if info.color_type != png::ColorType::Rgb || info.bit_depth != png::BitDepth::Eight {
+        return None;
+    }
+    let px = buf[..info.buffer_size()]
+        .chunks(3)
+        .map(|c| (u32::from(c[0]) << 16) | (u32::from(c[1]) << 8) | u32::from(c[2]))
+        .collect();
+    Some((info.width, info.height, px))
+}
+
+#[test]
+fn the_host_sees_the_image_the_guest_shows_through_kms() {
+    let _one = one_at_a_time();
+    let want = kms_image(1024, 768, 1);
+    let mut seen = None;
+    let Some((console, server)) = boot(
+        &["--screen", "{dir}/screen.png"],
+        Some("/bin/gmig-kms-draw,8"),
+        |vm, dir| {
+            let shown = vm.wait_for(Duration::from_secs(600), |l| {
+                l.trim_end_matches('\r') == "GMIG-KMS: shown"
+            });
+            assert!(
+                shown,
+                "the guest program did not show its image:\n{}",
+                vm.console()
+            );
+            // The server looks at the plane every 100 ms: wait for the flipped image (a bound
+            // far above that), keep the last picture read.
+            let path = dir.join("screen.png");
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_secs(5) {
+                seen = read_png(&path);
+                if seen.as_ref().is_some_and(|(_, _, p)| *p == want) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        },
+    ) else {
+        return;
+    };
+    let log = kernel_log(&console);
+    let kms = lines(&console, "GMIG-KMS: ");
+    eprintln!("{kms:#?}");
+    assert!(
+        kms.iter()
+            .any(|l| l.starts_with("mode 1024x768 clock 65000 ")),
+        "the EDID's mode: {kms:?}\n{log}"
+    );
+    // 60 vblanks waited for, counted by the vGPU's frame counter.
+    let vblanks = kms
+        .iter()
+        .find_map(|l| l.strip_prefix("vblanks "))
+        .expect("no vblank count");
+    assert!(vblanks.starts_with("60 in "), "{vblanks}");
+    assert!(
+        kms.iter()
+            .any(|l| l.starts_with("flip done sequence ") && l.ends_with(" user 0x6d69676d")),
+        "no flip event reached the program: {kms:?}"
+    );
+    assert!(lines(&console, "GMIG-PROG: ").contains(&"exit 0"), "{log}");
+    let (w, h, px) = seen.expect("the server wrote no screen");
+    assert_eq!((w, h), (1024, 768));
+    let wrong = px.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert_eq!(wrong, 0, "{wrong} pixels differ from the flipped image");
+    assert!(kms_image(1024, 768, 0) != want, "the two images differ");
+    assert_clean(&console);
+    for bad in ["fault", "ERROR", "WARN"] {
+        assert!(!server.contains(bad), "the server logged {bad}: {server}");
+    }
 }

@@ -113,6 +113,8 @@ pub struct VgpuBackend {
     accesses: u64,
     /// Guest memory that changed during a migration, followed once the device is RUNNING.
     pending_memory: Option<GuestMemoryMmap>,
+    /// Where the guest's screen is written, if anywhere.
+    screen: Option<crate::screen::Screen>,
 }
 
 /// The [`VgpuSpec::gpu_pace`] for a real guest: one workload every this many region accesses.
@@ -150,7 +152,15 @@ impl VgpuBackend {
             steps: 0,
             accesses: 0,
             pending_memory: None,
+            screen: None,
         }
+    }
+
+    /// Writes the guest's screen (pipe A's primary plane) to `path` as PNG while a pipe scans
+    /// out, whenever it changed ([`crate::screen`]).
+    pub fn with_screen(mut self, path: std::path::PathBuf) -> Self {
+        self.screen = Some(crate::screen::Screen::new(path));
+        self
     }
 
     /// The vGPU, when one is attached.
@@ -288,6 +298,12 @@ impl VgpuBackend {
         }
         vm.vgpu_mut()
             .display_tick(gmig_vgpu::regs::clock::ticks_now());
+        if let (Some(screen), Some(vm)) = (
+            self.screen.as_mut(),
+            self.handle.as_ref().and_then(|h| h.device().vm()),
+        ) {
+            screen.look(vm.vgpu());
+        }
         self.signal_irqs();
     }
 }
