@@ -491,7 +491,7 @@ impl UserDevice for VgpuBackend {
 
     fn idle(&mut self) {
         self.display_tick();
-        let v = self.vm().map(|vm| vm.vgpu());
+        let v = self.vm().map(VgpuVm::vgpu);
         if v.is_some_and(|v| v.queued() > 0) {
             self.run_gpu(None);
         }

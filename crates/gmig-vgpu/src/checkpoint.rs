@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::display::DisplayState;
+use crate::display::state::DisplayState;
 use crate::gm::{GgttOffset, SliceMove, VgpuSlices};
 use crate::gtt::{Ggtt, GgttLog, GgttState, GuestRam};
 use crate::mmio;

@@ -67,10 +67,10 @@ impl VgpuType {
 
     /// The resolution of the type's virtual monitor: 1024x768 for the smallest type, 1920x1200
     /// for the others (GVT-g's `GVT_EDID_1024_768` and `GVT_EDID_1920_1200`).
-    pub fn resolution(self) -> crate::display::Resolution {
+    pub fn resolution(self) -> crate::display::edid::Resolution {
         match self {
-            VgpuType::V5_8 => crate::display::Resolution::XGA,
-            _ => crate::display::Resolution::WUXGA,
+            VgpuType::V5_8 => crate::display::edid::Resolution::XGA,
+            _ => crate::display::edid::Resolution::WUXGA,
         }
     }
 

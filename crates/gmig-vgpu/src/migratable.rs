@@ -590,7 +590,7 @@ impl VmFactory for VgpuFactory {
         let display = if states.iter().any(|(k, _)| *k == StateKind::Display) {
             dec(states, StateKind::Display)?
         } else {
-            crate::display::DisplayState::default()
+            crate::display::state::DisplayState::default()
         };
         let state = VgpuState {
             cfg,

@@ -131,7 +131,7 @@ pub struct Vgpu {
     /// migrated: a destination rebuilds it from the workload's commands).
     pub(crate) live: Option<crate::exec::RunState>,
     /// The display: monitor, pipes' counters, AUX channel.
-    pub(crate) display: crate::display::DisplayState,
+    pub(crate) display: crate::display::state::DisplayState,
 }
 
 impl Vgpu {
@@ -164,7 +164,7 @@ impl Vgpu {
             irqs_raised: 0,
             unmodelled: Default::default(),
             live: None,
-            display: crate::display::DisplayState::new(Some(cfg.ty.resolution())),
+            display: crate::display::state::DisplayState::new(Some(cfg.ty.resolution())),
         })
     }
 

@@ -19,10 +19,9 @@
 pub mod aux;
 pub mod edid;
 pub mod plane;
+pub mod state;
 #[cfg(test)]
 mod tests;
-
-use serde::{Deserialize, Serialize};
 
 use crate::regs::clock::TIMESTAMP_HZ;
 use crate::regs::display::{
@@ -32,6 +31,7 @@ use crate::regs::display::{
 use crate::regs::{Handler, PipeCounterKind};
 use crate::vgpu::Vgpu;
 pub use edid::{Mode, Resolution};
+pub use state::{DisplayState, PipeState};
 
 /// `GEN8_DE_PIPE_IIR(A)`; pipes B and C at +0x10 each (IMR at -4, IER at +4).
 pub const DE_PIPE_IIR_A: u32 = 0x4_4408;
@@ -58,63 +58,6 @@ const AUX_SIZE_SHIFT: u32 = 20;
 const AUX_SIZE_MASK: u32 = 0x1f << AUX_SIZE_SHIFT;
 /// Bytes of the AUX data registers.
 const AUX_DATA_BYTES: usize = 20;
-
-/// One pipe's scan-out state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PipeState {
-    /// Enabled at the last tick.
-    pub on: bool,
-    /// Vblanks counted (`PIPE_FRMCOUNT`).
-    pub frames: u32,
-    /// Flips completed (`PIPE_FLIPCOUNT`).
-    pub flips: u32,
-    /// When the last vblank fell (display clock ticks).
-    pub last_vblank: u64,
-    /// A `PLANE_SURF` write waits for the next vblank.
-    pub flip_pending: bool,
-}
-
-/// The display's device state (migrated with the vGPU).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DisplayState {
-    /// The virtual monitor on port D, by resolution; `None`: no monitor (no port is present).
-    pub monitor: Option<Resolution>,
-    /// The display clock at the last tick.
-    pub clock: u64,
-    /// Pipes A-C.
-    pub pipes: [PipeState; 3],
-    /// The monitor's AUX channel.
-    pub aux: aux::AuxState,
-}
-
-impl DisplayState {
-    /// A display with a monitor of `monitor`'s resolution (or none).
-    pub fn new(monitor: Option<Resolution>) -> DisplayState {
-        DisplayState {
-            monitor,
-            clock: 0,
-            pipes: [PipeState::default(); 3],
-            aux: aux::AuxState::default(),
-        }
-    }
-
-    /// The mode the pipes scan out at: the monitor's preferred mode (60 Hz 1024x768 without a
-    /// monitor).
-    pub fn mode(&self) -> Mode {
-        Mode::for_resolution(self.monitor.unwrap_or(Resolution::XGA))
-    }
-
-    /// A frame in display clock ticks.
-    pub fn frame_period(&self) -> u64 {
-        self.mode().frame_period(TIMESTAMP_HZ)
-    }
-}
-
-impl Default for DisplayState {
-    fn default() -> Self {
-        DisplayState::new(None)
-    }
-}
 
 impl Vgpu {
     /// The display state.
@@ -282,9 +225,8 @@ impl Vgpu {
             *b = (reg >> (24 - 8 * (i % 4))) as u8;
         }
         let edid = aux::edid_for(res);
-        let reply = match self.display.aux.transaction(&req[..size], &edid) {
-            Ok(r) => r,
-            Err(_) => return done | AUX_DONE | AUX_RECEIVE_ERROR,
+        let Ok(reply) = self.display.aux.transaction(&req[..size], &edid) else {
+            return done | AUX_DONE | AUX_RECEIVE_ERROR;
         };
         let mut out = [0u8; AUX_DATA_BYTES];
         let n = reply.len().min(AUX_DATA_BYTES);
