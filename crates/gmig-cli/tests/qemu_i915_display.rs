@@ -8,6 +8,10 @@
 //! waits for the flip's event; the PNG that `gmig serve --screen` writes from the vGPU's primary
 //! plane then equals the second image, pixel for pixel (both are computed here on their own).
 //!
+//! Across a live migration (QEMU with gmig's patches) to a `gmig serve` in another slot, the
+//! destination's screen equals the source's last one, and the guest's next flip appears on it;
+//! with remapping off on the destination, its screen is never the guest's image.
+//!
 //! The guest script loads i915, waits for it, prints each DRM connector's status and first mode
 //! (`GMIG-CONN:` lines), runs a program if given, and prints the kernel log (`GMIG-DMESG:`
 //! lines).
@@ -19,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use gmig_test_support::qemu::pair::Pair;
 use gmig_test_support::qemu::{
     one_at_a_time, qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec,
 };
@@ -345,4 +350,112 @@ fn the_host_sees_the_image_the_guest_shows_through_kms() {
     for bad in ["fault", "ERROR", "WARN"] {
         assert!(!server.contains(bad), "the server logged {bad}: {server}");
     }
+}
+
+/// Polls `path` (the server looks at the plane every 100 ms; a bound far above that) until it
+/// holds `want`; the last picture read.
+fn wait_png(path: &Path, want: &[u32], limit: Duration) -> Option<(u32, u32, Vec<u32>)> {
+    let t = std::time::Instant::now();
+    let mut seen = None;
+    while t.elapsed() < limit {
+        seen = read_png(path);
+        if seen.as_ref().is_some_and(|(_, _, p)| p == want) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    seen
+}
+
+/// Migrates a guest that shows image 1 (and, 20 s later, flips back to image 0) to a
+/// destination with `dst_args`: the pair, after the migration completed and the source showed
+/// image 1.
+fn migrate_screen(dir: &Path, dst_args: &[&str]) -> Option<Pair> {
+    let tools = tools(dir)?;
+    let d = dir.to_string_lossy().into_owned();
+    let src_png = format!("{d}/src.png");
+    let dst_png = format!("{d}/dst.png");
+    let mut dst: Vec<&str> = vec!["--screen", &dst_png];
+    dst.extend_from_slice(dst_args);
+    let mut p = Pair::start(
+        gmig(),
+        &tools,
+        dir,
+        "screen",
+        &["--screen", &src_png],
+        &dst,
+        |socket, extra| VmSpec {
+            gpus: vec![socket.to_path_buf()],
+            run: Some("/bin/display-probe,300,/bin/gmig-kms-draw,20,5".into()),
+            ram_mib: 256,
+            extra,
+            ..VmSpec::default()
+        },
+    );
+    p.wait_source(|l| l.trim_end_matches('\r') == "GMIG-KMS: shown");
+    let want = kms_image(1024, 768, 1);
+    let src = wait_png(Path::new(&src_png), &want, Duration::from_secs(10));
+    assert!(
+        src.is_some_and(|(_, _, px)| px == want),
+        "the source's screen is not the guest's image:\n{}",
+        p.logs()
+    );
+    let q = p.migrate(r#"{"downtime-limit":300}"#);
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    Some(p)
+}
+
+#[test]
+fn the_screen_survives_a_live_migration_to_other_slices() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut p) = migrate_screen(dir.path(), &[]) else {
+        return;
+    };
+    let dst_png = dir.path().join("dst.png");
+    let want = kms_image(1024, 768, 1);
+    let seen = wait_png(&dst_png, &want, Duration::from_secs(10));
+    assert!(
+        seen.is_some_and(|(_, _, px)| px == want),
+        "the destination's screen is not the source's last one:\n{}",
+        p.logs()
+    );
+    // The guest's next drawing (a flip back to image 0) appears on the destination.
+    let back = p.dst.wait_for(Duration::from_secs(120), |l| {
+        l.trim_end_matches('\r') == "GMIG-KMS: flipped back"
+    });
+    assert!(back, "the guest did not flip back:\n{}", p.logs());
+    let want0 = kms_image(1024, 768, 0);
+    let seen = wait_png(&dst_png, &want0, Duration::from_secs(10));
+    assert!(
+        seen.is_some_and(|(_, _, px)| px == want0),
+        "the flip after the migration is not on the destination's screen:\n{}",
+        p.logs()
+    );
+    let console = p.finish();
+    assert!(
+        lines(&console, "GMIG-PROG: ").contains(&"exit 0"),
+        "{}",
+        p.logs()
+    );
+    assert_clean(&console);
+}
+
+/// The negative control: a destination that does not remap (`--x-no-remap`) keeps the source's
+/// host address of the plane's surface, which lies outside its own slices: its scan-out never
+/// shows the guest's image.
+#[test]
+fn without_remapping_the_destination_never_shows_the_guests_screen() {
+    let _one = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut p) = migrate_screen(dir.path(), &["--x-no-remap"]) else {
+        return;
+    };
+    let want = kms_image(1024, 768, 1);
+    let seen = wait_png(&dir.path().join("dst.png"), &want, Duration::from_secs(10));
+    assert!(
+        seen.as_ref().is_none_or(|(_, _, px)| *px != want),
+        "the destination showed the image without remapping"
+    );
+    let _ = p.dst.wait_exit(Duration::from_secs(120));
 }

@@ -3,7 +3,10 @@
  * (a dumb buffer and a mode set), flips to a second known image with a page-flip event, and
  * counts vblanks; then holds the screen so the host can capture it.
  *
- *   usage: gmig-kms-draw HOLD_SECONDS
+ *   usage: gmig-kms-draw HOLD_SECONDS [BACK_SECONDS]
+ *
+ * With BACK_SECONDS, after the hold it flips back to image 0 (waiting for the event again),
+ * prints "GMIG-KMS: flipped back" and holds that for BACK_SECONDS.
  *
  * Prints (stdout):
  *   GMIG-KMS: mode WxH clock KHZ crtc ID
@@ -234,5 +237,13 @@ int main(int argc, char **argv)
     printf("GMIG-KMS: flip done sequence %u user 0x%llx\n", ev.sequence, (unsigned long long)ev.user_data);
     printf("GMIG-KMS: shown\n");
     sleep(hold);
+    if (argc > 2) {
+        flip.fb_id = fb0;
+        xioctl(IOCTL_MODE_PAGE_FLIP, &flip, "PAGE_FLIP");
+        if (poll(&pfd, 1, 10000) != 1 || read(fd, buf, sizeof(buf)) < (ssize_t)sizeof(ev))
+            die("waiting for the second flip event");
+        printf("GMIG-KMS: flipped back\n");
+        sleep(atoi(argv[2]));
+    }
     return 0;
 }
