@@ -49,7 +49,8 @@
 #   4. boots, as many times as needed: `gmig serve --ram-by-vmm --clients 1` (a fresh vGPU per
 #      boot; RUST_LOG=info) and QEMU under TCG with the vGPU as vfio-user-pci,
 #      -global vfio-user-pci.x-no-posted-writes=true, memfd RAM (share=on, --ram-mib), the kernel
-#      command line gmig.run=/bin/igt-guest,FIRST,TIMEOUT. In the guest, before each subtest,
+#      command line drm_kms_helper.fbdev_emulation=0 (no fbcon: with writes not posted its
+#      drawing through the aperture takes minutes under TCG) gmig.run=/bin/igt-guest,FIRST,TIMEOUT. In the guest, before each subtest,
 #      i915 and vgem are loaded if they are not (busybox modprobe, as
 #      crates/gmig-cli/tests/qemu_i915.rs does; none before igt@i915_module_load@load, which
 #      loads i915 itself), then the subtest runs under the bound with its output in files; after
@@ -343,7 +344,7 @@ while ((next <= n)); do
         -object "memory-backend-memfd,id=mem,size=${ram}M,share=on" \
         -nodefaults -nographic -no-reboot -display none -serial "file:$con" \
         -kernel "$kernel" -initrd "$initrd" \
-        -append "console=ttyS0 panic=-1 quiet no_timer_check gmig.run=/bin/igt-guest,$next,$timeout" \
+        -append "console=ttyS0 panic=-1 quiet no_timer_check drm_kms_helper.fbdev_emulation=0 gmig.run=/bin/igt-guest,$next,$timeout" \
         -device "{\"driver\":\"vfio-user-pci\",\"id\":\"gpu0\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}" \
         -global vfio-user-pci.x-no-posted-writes=true \
         </dev/null >"$work/qemu-$boot.log" 2>&1 &

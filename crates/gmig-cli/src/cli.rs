@@ -555,9 +555,16 @@ pub struct ServeArgs {
     /// Bounds `--max-drain` in time as well (milliseconds).
     #[arg(long, value_name = "MS")]
     pub max_drain_ms: Option<f64>,
+    /// Write the guest's screen (pipe A's primary plane) to this PNG file whenever it changes
+    /// (looked at every 100 ms at most while the guest scans out).
+    #[arg(long, value_name = "PNG")]
+    pub screen: Option<PathBuf>,
     /// Negative control: a restored vGPU keeps the source's graphics addresses.
     #[arg(long, hide = true)]
     pub x_no_remap: bool,
+    /// Negative control: the vGPU has no virtual monitor (no port is present to the guest).
+    #[arg(long, hide = true)]
+    pub x_no_monitor: bool,
     /// Negative control: DMA logging on, off (refused) or blind (reports no page).
     #[arg(long, hide = true, default_value = "on")]
     pub x_dma_log: String,

@@ -20,7 +20,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gmig_test_support::qemu::pair::Pair;
-use gmig_test_support::qemu::{one_at_a_time, qemu_source_present, repo_root, Tools, VmSpec};
+use gmig_test_support::qemu::{
+    one_at_a_time, qemu_source_present, repo_root, Tools, VmSpec, NO_FBCON,
+};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
@@ -171,6 +173,7 @@ fn migrate_igt(dir: &Path, tag: &str, dst_args: &[&str], limit: u32) -> (Pair, s
                 run: Some(format!("/bin/igt-guest,1,{limit}")),
                 ram_mib: 1024,
                 extra,
+                kernel_args: vec![NO_FBCON.into()],
                 ..VmSpec::default()
             }
         },

@@ -33,7 +33,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use gmig_test_support::qemu::pair::{qmp_return, Pair};
-use gmig_test_support::qemu::{qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec};
+use gmig_test_support::qemu::{qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec, NO_FBCON};
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuType};
 use serde_json::Value;
 
@@ -394,7 +394,7 @@ fn blit_script() -> String {
 }
 
 /// QEMU arguments that make every region write of the vfio-user device wait for the server's
-/// reply. By default QEMU posts them (it relies on the server handling messages in order, which
+/// reply (the tests that pass them keep fbcon off: [`NO_FBCON`]). By default QEMU posts them (it relies on the server handling messages in order, which
 /// orders them before any later region *read*), but a write through the aperture (BAR2) lands in
 /// guest RAM, which the guest then reads directly, not through the server: `gmig-i915-blit`'s
 /// word written through its aperture mapping then read back through its CPU mapping sometimes
@@ -442,6 +442,7 @@ fn linux_i915_renders_frames_on_the_blitter_through_its_uapi() {
         gpus: vec![serve.socket.clone()],
         run: Some("/bin/i915-probe,300,after=/bin/run-blit".into()),
         extra: no_posted_writes(),
+        kernel_args: vec![NO_FBCON.into()],
         ..VmSpec::default()
     };
     let mut vm = Vm::start(&tools, &spec, dir.path(), "blit");
@@ -623,6 +624,7 @@ fn migrate_rendering_vm(dir: &Path, tag: &str, dst_args: &[&str]) -> Option<(Pai
                 extra.extend(no_posted_writes());
                 extra
             },
+            kernel_args: vec![NO_FBCON.into()],
             ..VmSpec::default()
         },
     );

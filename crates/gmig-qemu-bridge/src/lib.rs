@@ -16,7 +16,8 @@
 //! REGION_WRITE_MULTI, DEVICE_RESET — and DEVICE_FEATURE for migration v2 and DMA logging with
 //! MIG_DATA_READ/WRITE); a client ([`client`]) that serves the server's DMA requests and drives a
 //! migration between two servers; QEMU's stream framing ([`framing`]); and the reference vGPU as a
-//! vfio-user device ([`vgpu_backend`], behind `gmig serve`). See `docs/vfio-user.md`.
+//! vfio-user device ([`vgpu_backend`], behind `gmig serve`), whose screen it can write as PNG
+//! ([`screen`]). See `docs/vfio-user.md`.
 #![warn(missing_docs)]
 
 pub mod client;
@@ -28,6 +29,7 @@ mod irqs;
 pub const IRQ_EVENTFD_TRIGGER: u32 = vfio_bindings::bindings::vfio::VFIO_IRQ_SET_DATA_EVENTFD
     | vfio_bindings::bindings::vfio::VFIO_IRQ_SET_ACTION_TRIGGER;
 pub mod proto;
+pub mod screen;
 pub mod server;
 mod server_checks;
 pub mod vgpu_backend;

@@ -67,6 +67,9 @@ pub struct VgpuSpec {
     /// With a guest-driver model: commands of each frame the GPU runs as the model submits it
     /// (`VgpuVm::with_gpu_ahead`), so that a stop finds a workload part-way and carries it.
     pub gpu_ahead: u64,
+    /// A virtual monitor on the vGPU's port D (the type's resolution); off only for negative
+    /// controls (the guest then finds no connected port).
+    pub monitor: bool,
 }
 
 impl VgpuSpec {
@@ -93,6 +96,7 @@ impl VgpuSpec {
             remap: true,
             max_drain: gmig_core::migration::Drain::CARRY,
             gpu_ahead: 0,
+            monitor: true,
         })
     }
 }
@@ -109,6 +113,8 @@ pub struct VgpuBackend {
     accesses: u64,
     /// Guest memory that changed during a migration, followed once the device is RUNNING.
     pending_memory: Option<GuestMemoryMmap>,
+    /// Where the guest's screen is written, if anywhere.
+    screen: Option<crate::screen::Screen>,
 }
 
 /// The [`VgpuSpec::gpu_pace`] for a real guest: one workload every this many region accesses.
@@ -146,7 +152,15 @@ impl VgpuBackend {
             steps: 0,
             accesses: 0,
             pending_memory: None,
+            screen: None,
         }
+    }
+
+    /// Writes the guest's screen (pipe A's primary plane) to `path` as PNG while a pipe scans
+    /// out, whenever it changed ([`crate::screen`]).
+    pub fn with_screen(mut self, path: std::path::PathBuf) -> Self {
+        self.screen = Some(crate::screen::Screen::new(path));
+        self
     }
 
     /// The vGPU, when one is attached.
@@ -174,6 +188,9 @@ impl VgpuBackend {
                 return None;
             }
         };
+        if !s.monitor {
+            vm.vgpu_mut().set_monitor(None);
+        }
         if let Some((profile, seed)) = s.profile {
             if let Err(e) = vm.boot_driver(profile, WorkloadConfig::small(), seed) {
                 tracing::warn!(%e, "guest-driver model did not boot");
@@ -243,12 +260,51 @@ impl VgpuBackend {
                 }
             }
         }
+        self.signal_irqs();
+    }
+
+    /// Signals MSI (or INTx, while MSI is not armed) when the vGPU raised an interrupt since the
+    /// last signal.
+    fn signal_irqs(&mut self) {
+        let Some(vm) = self.vm() else {
+            return;
+        };
         let raised = vm.vgpu().interrupts_raised();
         if raised != self.irqs_seen {
             self.irqs_seen = raised;
             let intx = self.config.command() & pci::CMD_INTX_DISABLE == 0;
             self.irqs.raise(intx);
         }
+    }
+
+    /// Whether the device runs (not stopped by a migration).
+    fn running(&self) -> bool {
+        self.handle
+            .as_ref()
+            .is_none_or(|h| matches!(h.state(), DeviceState::Running | DeviceState::PreCopy))
+    }
+
+    /// Advances the vGPU's display clock to now while a pipe scans out (vblanks, flips, their
+    /// interrupts); nothing while the device is stopped, so a saved state stays as saved.
+    fn display_tick(&mut self) {
+        if !self.running() {
+            return;
+        }
+        let Some(vm) = self.vm_mut() else {
+            return;
+        };
+        if !vm.vgpu().display_active() && vm.vgpu().next_vblank().is_none() {
+            return;
+        }
+        vm.vgpu_mut()
+            .display_tick(gmig_vgpu::regs::clock::ticks_now());
+        if let (Some(screen), Some(vm)) = (
+            self.screen.as_mut(),
+            self.handle.as_ref().and_then(|h| h.device().vm()),
+        ) {
+            screen.look(vm.vgpu());
+        }
+        self.signal_irqs();
     }
 }
 
@@ -412,12 +468,16 @@ impl UserDevice for VgpuBackend {
     /// its own. Not while a migration holds the device stopped, nor for a polling guest or a
     /// guest-driver model, whose GPU keeps their pace.
     fn idle_after(&self) -> Option<std::time::Duration> {
-        let running = self
-            .handle
-            .as_ref()
-            .is_none_or(|h| matches!(h.state(), DeviceState::Running | DeviceState::PreCopy));
+        let running = self.running();
         let vm = self.vm()?;
         let v = vm.vgpu();
+        // A pipe that scans out has its next vblank due: the device's turn then.
+        if running && v.display_active() {
+            let now = gmig_vgpu::regs::clock::ticks_now();
+            let ticks = v.next_vblank().map_or(0, |t| t.saturating_sub(now));
+            let us = ticks * 1_000_000 / gmig_vgpu::regs::clock::TIMESTAMP_HZ;
+            return Some(std::time::Duration::from_micros(us.clamp(200, 1000)));
+        }
         // Only for a guest that waits for interrupts (i915): the project's polling guests and
         // the tests that step the vGPU by messages keep their own pace, so what runs when stays
         // deterministic for them.
@@ -430,7 +490,11 @@ impl UserDevice for VgpuBackend {
     }
 
     fn idle(&mut self) {
-        self.run_gpu(None);
+        self.display_tick();
+        let v = self.vm().map(VgpuVm::vgpu);
+        if v.is_some_and(|v| v.queued() > 0) {
+            self.run_gpu(None);
+        }
     }
 
     fn tick(&mut self) {
@@ -440,6 +504,7 @@ impl UserDevice for VgpuBackend {
                 self.follow_memory(&mem);
             }
         }
+        self.display_tick();
         self.ticks += 1;
         if self.spec.profile.is_none() || !self.ticks.is_multiple_of(MESSAGES_PER_STEP) {
             return;

@@ -38,6 +38,7 @@ fn the_rust_vmm_vfio_user_client_attaches_to_the_served_vgpu() {
         )
         .max_drain,
         gpu_ahead: 0,
+        monitor: true,
     };
     let server = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

@@ -67,6 +67,7 @@ fn spawn_with(
         remap: true,
         max_drain: gmig_core::migration::Drain::CARRY,
         gpu_ahead: 0,
+        monitor: true,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

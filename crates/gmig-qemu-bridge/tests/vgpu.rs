@@ -50,6 +50,7 @@ fn spawn(
         remap,
         max_drain: gmig_core::migration::Drain::CARRY,
         gpu_ahead: if profile.is_some() { GPU_AHEAD } else { 0 },
+        monitor: true,
     };
     let t = thread::spawn(move || {
         let mut server = Server::new(VgpuBackend::new(spec));

@@ -171,6 +171,13 @@ impl Drop for Serve {
     }
 }
 
+/// The kernel parameter that keeps drm's fbdev emulation (and so fbcon) off in an i915 guest.
+/// fbcon draws its console through the aperture (BAR2): with QEMU's
+/// `vfio-user-pci.x-no-posted-writes` every such write waits for the server, and its first
+/// drawing of a 1024x768 console takes over a minute under TCG (a soft lockup). Tests of other
+/// things than the display that turn posted writes off pass it.
+pub const NO_FBCON: &str = "drm_kms_helper.fbdev_emulation=0";
+
 /// How a QEMU process is started.
 #[derive(Debug, Clone, Default)]
 pub struct VmSpec {
@@ -184,6 +191,8 @@ pub struct VmSpec {
     pub ram_mib: u64,
     /// More QEMU arguments.
     pub extra: Vec<String>,
+    /// More kernel command-line parameters.
+    pub kernel_args: Vec<String>,
 }
 
 /// A QEMU process with its serial console in a file and a QMP socket; killed when dropped.
@@ -243,6 +252,10 @@ impl Vm {
         // `no_timer_check`: under TCG on a loaded host the kernel's IO-APIC timer check can miss
         // its ticks and panic ("IO-APIC + timer doesn't work!", seen once in CI on 2 cores).
         let mut append = String::from("console=ttyS0 panic=-1 quiet no_timer_check");
+        for a in &spec.kernel_args {
+            append.push(' ');
+            append.push_str(a);
+        }
         if let Some(run) = &spec.run {
             append.push_str(" gmig.run=");
             append.push_str(run);

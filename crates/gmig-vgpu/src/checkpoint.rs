@@ -4,13 +4,16 @@
 //! # Envelope
 //! ```text
 //! 0   8  magic "GMIGVGPU"
-//! 8   2  format version (little endian), currently 2 (2: per-engine running execlist
-//!        instead of a CSB write pointer, which is its register's)
+//! 8   2  format version (little endian), currently 3 (2: per-engine running execlist
+//!        instead of a CSB write pointer, which is its register's; 3: a display section)
 //! 10  2  reserved, 0
 //! 12  4  body length in bytes
 //! 16  4  CRC-32 of the body
-//! 20  …  body: postcard encoding of [`VgpuState`]
+//! 20  …  body: postcard encoding of [`VgpuState`], then (version 3) of its
+//!        [`DisplayState`]
 //! ```
+//! Version 2 bodies (no display section) still load: the vGPU had no display model then, so
+//! its guest never saw a monitor, and the restored vGPU has none.
 //! A load refuses a bad magic, a newer version, a body over [`MAX_STATE_BYTES`], a bad CRC, or a
 //! body that does not decode or does not fit the vGPU type.
 //!
@@ -27,6 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::display::state::DisplayState;
 use crate::gm::{GgttOffset, SliceMove, VgpuSlices};
 use crate::gtt::{Ggtt, GgttLog, GgttState, GuestRam};
 use crate::mmio;
@@ -36,7 +40,9 @@ use crate::work::{EngineState, ExecStats, GpuFault, Workload, WriteLog};
 /// Envelope magic.
 pub const STATE_MAGIC: [u8; 8] = *b"GMIGVGPU";
 /// Current format version.
-pub const STATE_VERSION: u16 = 2;
+pub const STATE_VERSION: u16 = 3;
+/// The oldest format version this build reads.
+pub const OLDEST_STATE_VERSION: u16 = 2;
 /// Largest body a load accepts (a denial-of-service guard).
 pub const MAX_STATE_BYTES: usize = 64 << 20;
 const HEADER_LEN: usize = 20;
@@ -56,7 +62,9 @@ pub enum CheckpointError {
     #[error("not a gmig vGPU checkpoint (magic {0:02x?})")]
     BadMagic([u8; 8]),
     /// A version this build cannot read.
-    #[error("checkpoint version {0} is not supported (this build reads {STATE_VERSION})")]
+    #[error(
+        "checkpoint version {0} is not supported (this build reads {OLDEST_STATE_VERSION} to {STATE_VERSION})"
+    )]
     UnsupportedVersion(u16),
     /// Body larger than [`MAX_STATE_BYTES`].
     #[error("checkpoint body of {0} bytes exceeds the limit")]
@@ -119,6 +127,9 @@ pub struct VgpuState {
     pub next_seq: u64,
     /// Submitted-up-to ring offsets per context.
     pub ctx_heads: Vec<(u64, u32)>,
+    /// The display (its own section of the body).
+    #[serde(skip)]
+    pub display: DisplayState,
 }
 
 /// How to restore.
@@ -140,7 +151,8 @@ impl VgpuState {
     /// Encodes the state into the versioned envelope.
     pub fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain data into a Vec cannot fail.
-        let body = postcard::to_stdvec(self).unwrap_or_default();
+        let mut body = postcard::to_stdvec(self).unwrap_or_default();
+        body.extend(postcard::to_stdvec(&self.display).unwrap_or_default());
         let mut out = Vec::with_capacity(HEADER_LEN + body.len());
         out.extend_from_slice(&STATE_MAGIC);
         out.extend_from_slice(&STATE_VERSION.to_le_bytes());
@@ -163,7 +175,7 @@ impl VgpuState {
             return Err(CheckpointError::BadMagic(magic));
         }
         let version = u16::from_le_bytes([header[8], header[9]]);
-        if version != STATE_VERSION {
+        if !(OLDEST_STATE_VERSION..=STATE_VERSION).contains(&version) {
             return Err(CheckpointError::UnsupportedVersion(version));
         }
         let len = u32::from_le_bytes([header[12], header[13], header[14], header[15]]) as usize;
@@ -182,7 +194,19 @@ impl VgpuState {
         if computed != stored {
             return Err(CheckpointError::BadCrc { stored, computed });
         }
-        postcard::from_bytes(body).map_err(|e| CheckpointError::Decode(e.to_string()))
+        let decode = |e: postcard::Error| CheckpointError::Decode(e.to_string());
+        let (mut state, rest): (VgpuState, _) = postcard::take_from_bytes(body).map_err(decode)?;
+        if version >= 3 {
+            let (display, rest) = postcard::take_from_bytes(rest).map_err(decode)?;
+            if !rest.is_empty() {
+                return Err(CheckpointError::Decode(format!(
+                    "{} bytes after the display section",
+                    rest.len()
+                )));
+            }
+            state.display = display;
+        }
+        Ok(state)
     }
 }
 
@@ -230,6 +254,7 @@ impl Vgpu {
             ppgtt_roots: self.ppgtt_roots.iter().copied().collect(),
             next_seq: self.next_seq,
             ctx_heads: self.ctx_heads.iter().map(|(k, v)| (*k, *v)).collect(),
+            display: self.display.clone(),
         }
     }
 
@@ -295,6 +320,7 @@ impl Vgpu {
             irqs_raised: 0,
             unmodelled: Default::default(),
             live: None,
+            display: state.display.clone(),
         };
         // Shadow registers: rebase host addresses onto the new slices.
         for &(reg, value) in &state.sregs {
@@ -394,12 +420,14 @@ mod tests {
             VgpuState::from_bytes(&b),
             Err(CheckpointError::BadMagic(_))
         ));
-        let mut b = bytes.clone();
-        b[8] = 3;
-        assert_eq!(
-            VgpuState::from_bytes(&b),
-            Err(CheckpointError::UnsupportedVersion(3))
-        );
+        for v in [1, STATE_VERSION + 1] {
+            let mut b = bytes.clone();
+            b[8] = v as u8;
+            assert_eq!(
+                VgpuState::from_bytes(&b),
+                Err(CheckpointError::UnsupportedVersion(v))
+            );
+        }
         let mut b = bytes.clone();
         let last = b.len() - 1;
         b[last] ^= 0x40;

@@ -65,6 +65,15 @@ impl VgpuType {
         VgpuType::V5_1,
     ];
 
+    /// The resolution of the type's virtual monitor: 1024x768 for the smallest type, 1920x1200
+    /// for the others (GVT-g's `GVT_EDID_1024_768` and `GVT_EDID_1920_1200`).
+    pub fn resolution(self) -> crate::display::edid::Resolution {
+        match self {
+            VgpuType::V5_8 => crate::display::edid::Resolution::XGA,
+            _ => crate::display::edid::Resolution::WUXGA,
+        }
+    }
+
     /// Aperture (low, CPU-visible) graphics memory in bytes.
     pub fn aperture_size(self) -> u64 {
         match self {

@@ -8,7 +8,8 @@
 //! and PPGTT ([`gtt`]); register offsets and the GVT-g PV info page ([`mmio`]); the register model as data — reset
 //! values, behaviours, command access — and the MMIO accesses it answers ([`regs`]); execlist
 //! submission with context-status events and resets ([`execlist`]); the device — MMIO, fences,
-//! rings, execlists, status page, display planes ([`vgpu`]) and the values it shares with the
+//! rings, execlists, status page, display planes ([`vgpu`]); the display — virtual DP monitor,
+//! EDID, vblanks, primary-plane scan-out ([`display`]) and the values it shares with the
 //! engine ([`work`]); comparing two vGPUs' guest-visible state ([`compare`]); shadowing guest submissions into host
 //! addressing with audit ([`shadow`]); the reference engine ([`exec`]); the guest-driver model and
 //! its five profiles ([`workload`]); the versioned checkpoint and restore with remapping
@@ -23,6 +24,7 @@
 
 pub mod checkpoint;
 pub mod compare;
+pub mod display;
 pub mod exec;
 pub mod execlist;
 pub mod fence;

@@ -405,6 +405,7 @@ fn sections(s: &VgpuState, ggtt: StateKind) -> Result<Vec<(StateKind, Vec<u8>)>,
             encode_state(&(&s.engines, &s.ctx_heads, &s.stats, &s.faults, s.accepting))?,
         ),
         (StateKind::Workloads, encode_state(&s.queue)?),
+        (StateKind::Display, encode_state(&s.display)?),
     ])
 }
 
@@ -586,6 +587,11 @@ impl VmFactory for VgpuFactory {
         let ppgtt_roots = dec(states, StateKind::Ppgtt)?;
         let (engines, ctx_heads, stats, faults, accepting) = dec(states, StateKind::Engines)?;
         let queue = dec(states, StateKind::Workloads)?;
+        let display = if states.iter().any(|(k, _)| *k == StateKind::Display) {
+            dec(states, StateKind::Display)?
+        } else {
+            crate::display::state::DisplayState::default()
+        };
         let state = VgpuState {
             cfg,
             guest_view,
@@ -602,6 +608,7 @@ impl VmFactory for VgpuFactory {
             ppgtt_roots,
             next_seq,
             ctx_heads,
+            display,
         };
         // Slices must be a valid move (checked again inside restore, all or nothing).
         SliceMove::new(host, self.slices).map_err(|e| vm_err("slice move", e))?;

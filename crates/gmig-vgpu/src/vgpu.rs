@@ -130,6 +130,8 @@ pub struct Vgpu {
     /// The engine's state where the workload at the head of the queue stopped part-way (not
     /// migrated: a destination rebuilds it from the workload's commands).
     pub(crate) live: Option<crate::exec::RunState>,
+    /// The display: monitor, pipes' counters, AUX channel.
+    pub(crate) display: crate::display::state::DisplayState,
 }
 
 impl Vgpu {
@@ -162,6 +164,7 @@ impl Vgpu {
             irqs_raised: 0,
             unmodelled: Default::default(),
             live: None,
+            display: crate::display::state::DisplayState::new(Some(cfg.ty.resolution())),
         })
     }
 

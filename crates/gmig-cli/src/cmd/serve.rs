@@ -59,6 +59,7 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
             MigrationConfig::new(Policy::OneShotNarrow).max_drain,
         )?,
         gpu_ahead: 0,
+        monitor: !args.x_no_monitor,
     };
     event(
         json,
@@ -71,7 +72,11 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         "blind" => DmaLogControl::Blind,
         other => return Err(anyhow!("--x-dma-log: on, off or blind, not `{other}`").into()),
     };
-    let mut server = Server::new(VgpuBackend::new(spec));
+    let mut backend = VgpuBackend::new(spec);
+    if let Some(path) = &args.screen {
+        backend = backend.with_screen(path.clone());
+    }
+    let mut server = Server::new(backend);
     server.set_negative_controls(NegativeControls {
         dma_log,
         no_migration: args.x_no_migration,

@@ -226,6 +226,9 @@ pub enum StateKind {
     /// GGTT entries written since the GGTT section (format 1.1): a source that sent the GGTT while
     /// the VM ran (pre-copy) sends only these at the stop.
     GgttUpdate = 9,
+    /// The display: virtual monitor, pipes' frame and flip counters, AUX channel (format 1.3).
+    /// A stream without it restores a vGPU without a monitor, as its source had.
+    Display = 12,
 }
 
 impl StateKind {
@@ -240,7 +243,7 @@ impl StateKind {
     ];
 
     /// Device-state kinds a stream may carry or leave out.
-    pub const OPTIONAL: [StateKind; 1] = [StateKind::GgttUpdate];
+    pub const OPTIONAL: [StateKind; 2] = [StateKind::GgttUpdate, StateKind::Display];
 
     /// The section this one updates, which must come before it; `None` for a whole section.
     pub fn updates(self) -> Option<StateKind> {

@@ -81,11 +81,14 @@ impl Validator {
         let len = sec.length.get();
         // A writable-frames hint exists from format 1.2 on; an older stream cannot hold one.
         let hint = kind == KIND_WRITABLE_FRAMES && self.header.format_minor >= 2;
-        if StateKind::from_wire(kind).is_none()
-            && kind != KIND_PAGES
-            && kind != KIND_END
-            && kind != KIND_SYNC
-            && !hint
+        // So does a display section from format 1.3 on.
+        let display_too_new = kind == StateKind::Display as u16 && self.header.format_minor < 3;
+        if display_too_new
+            || (StateKind::from_wire(kind).is_none()
+                && kind != KIND_PAGES
+                && kind != KIND_END
+                && kind != KIND_SYNC
+                && !hint)
         {
             return Err(StreamError::UnknownSection { offset: at, kind });
         }

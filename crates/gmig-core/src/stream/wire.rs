@@ -9,7 +9,7 @@ pub const MAGIC: [u8; 8] = *b"GMIGSTRM";
 /// Format major version written and the only one read: a different major is refused.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Newest format minor version understood; streams of an older minor are read, newer refused.
-pub const FORMAT_MINOR: u16 = 2;
+pub const FORMAT_MINOR: u16 = 3;
 /// Size of a guest page in bytes.
 pub const PAGE_SIZE: usize = 4096;
 /// Size of the stream header in bytes.

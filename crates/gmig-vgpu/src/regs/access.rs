@@ -28,10 +28,7 @@ const PCODE_ERROR_MASK: u32 = 0xff;
 const PCODE_DATA: u32 = 0x13_8128;
 /// `DP_AUX_CH_CTL` bits.
 const AUX_SEND_BUSY: u32 = 1 << 31;
-const AUX_DONE: u32 = 1 << 30;
-const AUX_TIME_OUT_ERROR: u32 = 1 << 28;
-const AUX_RECEIVE_ERROR: u32 = 1 << 25;
-const AUX_STICKY: u32 = AUX_DONE | AUX_TIME_OUT_ERROR | AUX_RECEIVE_ERROR;
+const AUX_STICKY: u32 = (1 << 30) | (1 << 28) | (1 << 25);
 
 fn in_pvinfo(offset: u32) -> bool {
     (mmio::VGT_PVINFO_PAGE..mmio::VGT_PVINFO_PAGE + mmio::VGT_PVINFO_SIZE).contains(&offset)
@@ -184,9 +181,10 @@ impl Vgpu {
             Behaviour::SelfClearing
             | Behaviour::Handler(Handler::Elsp | Handler::GraphicsReset) => 0,
             Behaviour::Handler(Handler::MiMode) => v | ((v & MI_STOP_RING) << 1),
-            Behaviour::Handler(Handler::MasterIrq) => {
-                (v & MASTER_IRQ_CONTROL) | self.gt_irq_summary()
-            }
+            Behaviour::Handler(Handler::MasterIrq) => (v & MASTER_IRQ_CONTROL) | self.irq_summary(),
+            Behaviour::Handler(
+                h @ (Handler::Monitor { .. } | Handler::DpllStatus | Handler::PipeCounter(_)),
+            ) => self.display_read(h, r.offset, v),
             Behaviour::Handler(Handler::Timestamp { udw }) => {
                 let t = super::clock::ticks_now();
                 if udw {
@@ -262,11 +260,15 @@ impl Vgpu {
                     let req = merged & request;
                     (merged & !(request | (request >> 1))) | req | (req >> 1)
                 }
-                Handler::Timestamp { .. } => return Ok(()),
+                Handler::Timestamp { .. }
+                | Handler::Monitor { .. }
+                | Handler::DpllStatus
+                | Handler::PipeCounter(_) => return Ok(()),
+                Handler::DdiBufCtl | Handler::PlaneSurf => self.display_write(h, off, merged),
                 Handler::AuxCtl => {
                     if merged & AUX_SEND_BUSY != 0 {
-                        // No sink: the transaction ends at once, timed out.
-                        (merged & !(AUX_SEND_BUSY | AUX_STICKY)) | AUX_DONE | AUX_TIME_OUT_ERROR
+                        // The transaction ends at once: the monitor's answer, or a timeout.
+                        self.aux_transaction(off, merged)
                     } else {
                         (merged & !AUX_STICKY) | (old & AUX_STICKY & !bits)
                     }

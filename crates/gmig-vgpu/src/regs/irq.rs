@@ -27,6 +27,11 @@ impl Vgpu {
             .fold(0, |a, b| a | b)
     }
 
+    /// The interrupt bits of `GEN8_MASTER_IRQ`: GT banks and display pipes.
+    pub(crate) fn irq_summary(&self) -> u32 {
+        self.gt_irq_summary() | self.de_irq_summary()
+    }
+
     /// Whether the guest drives the vGPU by interrupts: it has programmed the master interrupt
     /// register (i915 does when it installs its handler; a driver that polls, like the
     /// project's own guest, never writes it). A VMM runs such a guest's work as soon as it is
@@ -54,7 +59,7 @@ impl Vgpu {
     pub(crate) fn irq_line_check(&mut self, trigger: u32) {
         if trigger != 0
             && self.reg_value(MASTER_IRQ) & MASTER_IRQ_CONTROL != 0
-            && self.gt_irq_summary() != 0
+            && self.irq_summary() != 0
         {
             self.irqs_raised += 1;
         }

@@ -15,6 +15,7 @@
 
 pub mod access;
 pub mod clock;
+pub mod display;
 pub mod irq;
 pub mod table;
 #[cfg(test)]
@@ -121,15 +122,41 @@ pub enum Handler {
         /// The request bits.
         request: u32,
     },
-    /// `DP_AUX_CH_CTL`: a transaction completes at once with a receive timeout (no sink
-    /// answers: the vGPU has no panel); writing the status bits clears them.
+    /// `DP_AUX_CH_CTL`: a transaction completes at once: on the virtual monitor's channel with
+    /// the monitor's answer ([`crate::display`]), elsewhere with a receive timeout (no sink);
+    /// writing the status bits clears them.
     AuxCtl,
+    /// Read-only: the reset value, with `bits` set while the vGPU has a monitor (port presence
+    /// and hot-plug state).
+    Monitor {
+        /// The bits a connected monitor sets.
+        bits: u32,
+    },
+    /// `DDI_BUF_CTL`: `DDI_BUF_IS_IDLE` (bit 7) reads set while the buffer is disabled (bit 31).
+    DdiBufCtl,
+    /// `DPLL_STATUS`: each DPLL's lock bit follows its enable bit at once.
+    DpllStatus,
+    /// A pipe's counters, from the vGPU's display clock ([`crate::display`]); read-only.
+    PipeCounter(PipeCounterKind),
+    /// `PLANE_SURF`: stored; the write arms a flip that completes at the pipe's next vblank.
+    PlaneSurf,
     /// `RING_TIMESTAMP` (`udw`: its upper dword) and `CTX_TIMESTAMP`: the 12 MHz count
     /// ([`clock`]); writes are ignored.
     Timestamp {
         /// The upper 32 bits.
         udw: bool,
     },
+}
+
+/// Which of a pipe's counters a register shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PipeCounterKind {
+    /// `PIPE_FRMCOUNT`: vblanks since the pipe was first enabled.
+    Frames,
+    /// `PIPE_FLIPCOUNT`: flips completed.
+    Flips,
+    /// `PIPEDSL`: the line being scanned out.
+    ScanLine,
 }
 
 /// One modelled register.
@@ -194,10 +221,12 @@ pub fn lookup(gen: Gen, offset: u32) -> Option<Reg> {
             });
         }
     }
-    table::ABSOLUTE
-        .binary_search_by_key(&offset, |r| r.offset)
-        .ok()
-        .map(|i| table::ABSOLUTE[i])
+    for rows in [table::ABSOLUTE, display::ROWS] {
+        if let Ok(i) = rows.binary_search_by_key(&offset, |r| r.offset) {
+            return Some(rows[i]);
+        }
+    }
+    None
 }
 
 /// Every modelled register a command buffer may write on `gen`, absolute offsets (engine rows
@@ -205,6 +234,7 @@ pub fn lookup(gen: Gen, offset: u32) -> Option<Reg> {
 pub fn cmd_access_registers(gen: Gen) -> Vec<u32> {
     let mut v: Vec<u32> = table::ABSOLUTE
         .iter()
+        .chain(display::ROWS)
         .filter(|r| r.cmd_access)
         .map(|r| r.offset)
         .collect();
@@ -233,7 +263,7 @@ mod table_tests {
 
     #[test]
     fn rows_are_sorted_unique_and_outside_the_engine_windows() {
-        for rows in [table::ABSOLUTE, table::ENGINE] {
+        for rows in [table::ABSOLUTE, table::ENGINE, display::ROWS] {
             for w in rows.windows(2) {
                 assert!(
                     w[0].offset < w[1].offset,
@@ -245,6 +275,13 @@ mod table_tests {
             for r in rows {
                 assert!(r.offset.is_multiple_of(4), "{} misaligned", r.name);
             }
+        }
+        for r in display::ROWS {
+            assert!(
+                lookup(Gen::Gen9, r.offset) == Some(*r),
+                "{} is hidden by another row",
+                r.name
+            );
         }
         // A fixed-offset row inside an engine's window (a render-only register) must not shadow
         // an engine row.

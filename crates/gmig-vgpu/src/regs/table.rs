@@ -3,11 +3,11 @@
 
 use super::Behaviour::{Handler as H, Masked, ReadOnly, SelfClearing, Store, WriteOneToClear};
 use super::Block::{
-    Display, Error, Execlist, Forcewake, Fuse, Interrupt, Power, Reset, Ring, Tlb, Workaround,
+    Error, Execlist, Forcewake, Fuse, Interrupt, Power, Reset, Ring, Tlb, Workaround,
 };
 use super::Handler::{
-    AuxCtl, CsbPointer, Elsp, EngineResetCtl, GraphicsReset, GtIir, GtMaskOrEnable, MasterIrq,
-    MiMode, PcodeMailbox, RequestAcked, Timestamp,
+    CsbPointer, Elsp, EngineResetCtl, GraphicsReset, GtIir, GtMaskOrEnable, MasterIrq, MiMode,
+    Monitor, PcodeMailbox, RequestAcked, Timestamp,
 };
 use super::{cmd_reg, reg, Reg};
 
@@ -139,8 +139,9 @@ pub const ABSOLUTE: &[Reg] = &[
         IER_RESET[3],
         H(GtMaskOrEnable),
     ),
-    // Display interrupts: the vGPU raises none, but i915 resets and checks them (IIRs must
-    // clear when written back).
+    // Display interrupts: pipes raise vblank and flip done (`crate::display`), latched in the
+    // IIR unless masked, summed up in the master register while enabled; i915 resets and checks
+    // the others (IIRs must clear when written back).
     reg(0x4_4400, "GEN8_DE_PIPE_ISR(A)", Interrupt, 0, ReadOnly),
     reg(0x4_4404, "GEN8_DE_PIPE_IMR(A)", Interrupt, 0, Store),
     reg(
@@ -234,33 +235,22 @@ pub const ABSOLUTE: &[Reg] = &[
         0xc000_0000,
         H(RequestAcked { request: 1 << 31 }),
     ),
-    // DP AUX channels A-D: no sink answers.
-    reg(0x6_4010, "DP_AUX_CH_CTL(A)", Display, 0, H(AuxCtl)),
-    reg(0x6_4110, "DP_AUX_CH_CTL(B)", Display, 0, H(AuxCtl)),
-    reg(0x6_4210, "DP_AUX_CH_CTL(C)", Display, 0, H(AuxCtl)),
-    reg(0x6_4310, "DP_AUX_CH_CTL(D)", Display, 0, H(AuxCtl)),
     reg(0x6_4834, "EDP_PSR_IMR", Interrupt, 0, Store),
     reg(0x6_4838, "EDP_PSR_IIR", Interrupt, 0, WriteOneToClear),
-    // DDI clocks start gated (ports A-E): no port is driven.
-    reg(0x6_c05c, "DPLL_CTRL2", Display, 0x000f_8000, Store),
-    // Planes and cursors of pipes A-C (surface and cursor bases are GGTT addresses the vGPU
-    // shadows: [`crate::mmio::address_register`]).
-    reg(0x7_0084, "CURBASE(A)", Display, 0, Store),
-    reg(0x7_0188, "PLANE_STRIDE(A, 0)", Display, 0, Store),
-    reg(0x7_019c, "PLANE_SURF(A, 0)", Display, 0, Store),
-    reg(0x7_1084, "CURBASE(B)", Display, 0, Store),
-    reg(0x7_1188, "PLANE_STRIDE(B, 0)", Display, 0, Store),
-    reg(0x7_119c, "PLANE_SURF(B, 0)", Display, 0, Store),
-    reg(0x7_2084, "CURBASE(C)", Display, 0, Store),
-    reg(0x7_2188, "PLANE_STRIDE(C, 0)", Display, 0, Store),
-    reg(0x7_219c, "PLANE_SURF(C, 0)", Display, 0, Store),
     // South display (PCH) interrupts.
-    reg(0xc_4000, "SDEISR", Interrupt, 0, ReadOnly),
+    // Hot-plug status: port D's monitor is connected while there is one.
+    reg(
+        0xc_4000,
+        "SDEISR",
+        Interrupt,
+        0,
+        H(Monitor {
+            bits: super::display::SDE_PORTD_HOTPLUG,
+        }),
+    ),
     reg(0xc_4004, "SDEIMR", Interrupt, 0, Store),
     reg(0xc_4008, "SDEIIR", Interrupt, 0, WriteOneToClear),
     reg(0xc_400c, "SDEIER", Interrupt, 0, Store),
-    // GMBUS: hardware ready, and every transfer is NAKed at once (no panel, no EDID).
-    reg(0xc_5108, "PCH_GMBUS2", Display, GMBUS2_NO_DEVICE, ReadOnly),
     reg(0x13_0044, "FORCEWAKE_ACK_GT_GEN9", Forcewake, 0, ReadOnly),
     // PCODE: the mailbox is never busy; data registers hold the answers.
     reg(0x13_8124, "GEN6_PCODE_MAILBOX", Power, 0, H(PcodeMailbox)),
@@ -307,10 +297,6 @@ pub const SKL_RP_STATE_CAP: u32 = (6 << 16) | (11 << 8) | 22;
 /// `GEN8_FUSE2` of a GT2 Skylake: slice 0 enabled (`GEN8_F2_S_ENA`, bits 27:25), subslice 3
 /// disabled (`GEN9_F2_SS_DIS`, bits 23:20).
 pub const SKL_GT2_FUSE2: u32 = (1 << 25) | (0b1000 << 20);
-
-/// `GMBUS2` of a bus with nothing on it: `GMBUS_HW_WAIT_PHASE | GMBUS_HW_RDY | GMBUS_SATOER`
-/// (the slave address was not acknowledged), `GMBUS_ACTIVE` clear.
-pub const GMBUS2_NO_DEVICE: u32 = (1 << 14) | (1 << 11) | (1 << 10);
 
 /// Registers relative to each engine's MMIO base, sorted.
 pub const ENGINE: &[Reg] = &[

@@ -1,6 +1,6 @@
 //! The register rows' behaviours, through the guest's MMIO accesses.
 
-use super::table::GMBUS2_NO_DEVICE;
+use super::display::GMBUS2_NO_DEVICE;
 use crate::vgpu::{lone_test_vgpu, Vgpu};
 
 fn vgpu() -> Vgpu {
