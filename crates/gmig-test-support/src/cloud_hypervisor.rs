@@ -62,6 +62,10 @@ pub struct ChSpec {
     pub memory: String,
     /// vfio-user sockets, one `--user-device socket=…` each.
     pub user_devices: Vec<PathBuf>,
+    /// `--api-socket` (for `ch-remote`), if any.
+    pub api_socket: Option<PathBuf>,
+    /// The serial console's file, if not `DIR/NAME.console`.
+    pub console: Option<PathBuf>,
 }
 
 /// A cloud-hypervisor process: serial console in `DIR/NAME.console`, its log (`-v`) in
@@ -79,9 +83,15 @@ pub struct Ch {
 impl Ch {
     /// Starts `BIN/cloud-hypervisor` for `spec`.
     pub fn start(bin: &Path, spec: &ChSpec, dir: &Path, name: &str) -> Ch {
-        let console = dir.join(format!("{name}.console"));
+        let console = spec
+            .console
+            .clone()
+            .unwrap_or_else(|| dir.join(format!("{name}.console")));
         let log = dir.join(format!("{name}.log"));
         let mut cmd = Command::new(bin.join("cloud-hypervisor"));
+        if let Some(api) = &spec.api_socket {
+            cmd.arg("--api-socket").arg(api);
+        }
         cmd.arg("--kernel")
             .arg(&spec.kernel)
             .arg(format!("--cmdline={}", spec.cmdline))
@@ -93,6 +103,22 @@ impl Ch {
             cmd.arg("--user-device")
                 .arg(format!("socket={}", s.display()));
         }
+        Self::spawn(cmd, console, log)
+    }
+
+    /// Starts `BIN/cloud-hypervisor --api-socket API` with no VM: a migration's destination
+    /// (`ch-remote receive-migration`). Its console is the source's configuration's.
+    pub fn start_destination(bin: &Path, api: &Path, dir: &Path, name: &str) -> Ch {
+        let mut cmd = Command::new(bin.join("cloud-hypervisor"));
+        cmd.arg("--api-socket").arg(api).arg("-v");
+        Self::spawn(
+            cmd,
+            dir.join(format!("{name}.console")),
+            dir.join(format!("{name}.log")),
+        )
+    }
+
+    fn spawn(mut cmd: Command, console: PathBuf, log: PathBuf) -> Ch {
         let out = std::fs::File::create(&log).expect("cloud-hypervisor log");
         let child = cmd
             .stdin(Stdio::null())
@@ -117,6 +143,19 @@ impl Ch {
         String::from_utf8_lossy(&std::fs::read(&self.log).unwrap_or_default()).into_owned()
     }
 
+    /// Waits at most `limit` until `done` holds for the console and the log (in that order);
+    /// whether it did.
+    pub fn wait_for(&self, limit: Duration, done: impl Fn(&str, &str) -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if done(&self.console_text(), &self.log_text()) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        done(&self.console_text(), &self.log_text())
+    }
+
     /// Waits at most `limit` for the process to exit (the guest powers the VM off when done);
     /// `None` when it still runs.
     pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
@@ -131,6 +170,36 @@ impl Ch {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// Runs `BIN/ch-remote --api-socket API ARGS…` to its end; its output, or why it failed.
+pub fn ch_remote(bin: &Path, api: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(bin.join("ch-remote"))
+        .arg("--api-socket")
+        .arg(api)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("ch-remote: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(format!("ch-remote {args:?}: {}: {text}", out.status))
+    }
+}
+
+/// Waits at most `limit` for `path` to exist; whether it does.
+pub fn wait_path(path: &Path, limit: Duration) -> bool {
+    let t = Instant::now();
+    while !path.exists() && t.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    path.exists()
 }
 
 impl Drop for Ch {
