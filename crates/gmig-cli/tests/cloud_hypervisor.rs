@@ -9,9 +9,9 @@
 //! finds no GPU and prints no checksum; another seed renders another checksum (the comparison
 //! can fail); cloud-hypervisor refuses the device without shared memory.
 //!
-//! And what cloud-hypervisor's live migration does with such a VM today: it completes and moves
-//! no vGPU state, so the destination's vGPU faults under the running guest (the hazard the docs
-//! warn of; this test is to change when cloud-hypervisor migrates the device).
+//! And cloud-hypervisor's live migration of such a VM: with `integrations/cloud-hypervisor/
+//! patches/0003` it is refused with the reason before any memory is sent, and the source's guest
+//! renders on (without the patch it completes and moves no vGPU state: the docs warn of it).
 //!
 //! Skips (loudly) where cloud-hypervisor is not built or `/dev/kvm` is absent.
 
@@ -162,8 +162,17 @@ fn controls_no_device_another_seed_and_private_memory() {
     );
 }
 
+/// The running sums (`frame N sum …` lines) of a console.
+fn sums(console: &str) -> Vec<String> {
+    console
+        .lines()
+        .filter(|l| l.starts_with("frame ") && l.contains(" sum "))
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
-fn cloud_hypervisor_migrates_the_vm_without_the_vgpu_state_and_the_destination_faults() {
+fn cloud_hypervisor_refuses_to_migrate_the_vm_with_the_reason_and_the_guest_renders_on() {
     let Some(bin) = binaries() else {
         return;
     };
@@ -171,10 +180,19 @@ fn cloud_hypervisor_migrates_the_vm_without_the_vgpu_state_and_the_destination_f
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let kernel = guest(d);
+    let out = std::process::Command::new(gmig())
+        .args(["vm", "run", "--frames", "64"])
+        .output()
+        .expect("gmig vm run");
+    assert!(out.status.success());
+    let want = sums(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(want.len(), 4, "gmig vm run: {want:?}");
+
     let src_gpu = Serve::start(gmig(), d, "a", &["--clients", "1"]);
     let dst_gpu = Serve::start(gmig(), d, "b", &["--slot", "1", "--clients", "1"]);
-    // The destination takes the source's configuration, paths included: the vfio-user socket
-    // and the serial file are symlinks, pointed at the destination's before the migration.
+    // The destination takes the source's configuration, paths included, and opens (truncates)
+    // the serial file on receiving it: the vfio-user socket and the serial file are symlinks,
+    // pointed at the destination's before the migration.
     let (gpu, console) = (d.join("gpu.sock"), d.join("console"));
     std::os::unix::fs::symlink(&src_gpu.socket, &gpu).unwrap();
     std::os::unix::fs::symlink(d.join("src.console"), &console).unwrap();
@@ -182,12 +200,11 @@ fn cloud_hypervisor_migrates_the_vm_without_the_vgpu_state_and_the_destination_f
     let mut s = spec(&kernel, "--frames 1000000", vec![gpu.clone()]);
     s.api_socket = Some(src_api.clone());
     s.console = Some(console.clone());
-    let src = Ch::start(&bin, &s, d, "src");
+    let mut src = Ch::start(&bin, &s, d, "src");
+    src.console = d.join("src.console"); // read past the link, which moves
     let dst = Ch::start_destination(&bin, &dst_api, d, "dst");
-    assert!(
-        wait_path(&src_api, Duration::from_secs(20))
-            && wait_path(&dst_api, Duration::from_secs(20))
-    );
+    assert!(wait_path(&src_api, Duration::from_secs(20)));
+    assert!(wait_path(&dst_api, Duration::from_secs(20)));
     assert!(
         src.wait_for(Duration::from_secs(120), |c, _| c.contains("frame 32 sum")),
         "the source's guest did not render:\n{}",
@@ -228,27 +245,39 @@ fn cloud_hypervisor_migrates_the_vm_without_the_vgpu_state_and_the_destination_f
         src.log_text()
     );
     let log = src.log_text();
-    if log.contains("GetNestedState") {
-        panic!("cloud-hypervisor was built without patch 0001 (KVM_GET_NESTED_STATE):\n{log}");
-    }
-    assert!(log.contains("Migration completed"), "{log}");
-    let _ = receiver.join();
+    assert!(
+        log.contains(
+            "Migration failed: Failed to start migration for migratable component: vfio-user \
+             device _vfio_user0: cloud-hypervisor does not migrate the state of vfio-user devices"
+        ),
+        "not refused with the reason (is cloud-hypervisor built with patch 0003?):\n{log}"
+    );
+    let receiver = receiver.join().unwrap();
+    assert!(receiver.is_err(), "the destination received: {receiver:?}");
+    let rendered = sums(&src.console_text()).len();
 
-    // The destination resumed the guest on a blank vGPU in slot 1: the guest's submissions name
-    // the source's slice, the vGPU refuses them, and the guest renders no further frame.
+    // The source's guest renders on, on its vGPU, what it rendered before the attempt; the
+    // destination's server never had a client.
     assert!(
-        dst.wait_for(Duration::from_secs(120), |c, _| c
-            .contains("guest: seqno timeout")),
-        "console:\n{}\nlog:\n{}",
-        dst.console_text(),
-        dst.log_text()
+        src.wait_for(Duration::from_secs(120), |c, _| sums(c).len()
+            >= rendered + 8),
+        "the source's guest stopped after the refused migration:\n{}",
+        src.console_text()
     );
-    let faults = dst_gpu.log_text();
-    assert!(faults.contains("GPU fault"), "{faults}");
+    let console = src.console_text();
+    assert_eq!(sums(&console)[..4], want[..], "{console}");
+    for bad in ["guest error", "seqno timeout"] {
+        assert!(!console.contains(bad), "{console}");
+    }
     assert!(
-        !dst.console_text().contains(" sum "),
+        !src_gpu.log_text().contains("fault"),
         "{}",
-        dst.console_text()
+        src_gpu.log_text()
     );
-    assert!(!src_gpu.log_text().contains("GPU fault"));
+    assert!(
+        !dst_gpu.log_text().contains("connected"),
+        "{}",
+        dst_gpu.log_text()
+    );
+    drop(dst);
 }
