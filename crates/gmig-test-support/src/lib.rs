@@ -7,7 +7,8 @@
 //! destination sits elsewhere" tests ([`moved_slices`]); fault-injecting connections
 //! ([`Corrupting`]); a connected loopback TCP pair ([`tcp_pair`]); checking that a command exited
 //! successfully ([`assert_success`]); the fuzz harnesses for every decoder of untrusted bytes
-//! ([`fuzz`]), shared by `fuzz/` and CI's smoke tests.
+//! ([`fuzz`]), shared by `fuzz/` and CI's smoke tests; QEMU and cloud-hypervisor processes
+//! around `gmig serve` ([`qemu`], [`cloud_hypervisor`]).
 //!
 //! **Must not know about:** anything a production path needs.
 #![warn(missing_docs)]
@@ -19,6 +20,7 @@ use std::thread;
 
 use gmig_core::transport::{Connection, Endpoint};
 
+pub mod cloud_hypervisor;
 pub mod fuzz;
 pub mod qemu;
 

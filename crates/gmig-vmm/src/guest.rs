@@ -131,3 +131,9 @@ impl Telemetry {
         })
     }
 }
+
+/// The same guest GPU driver as an ELF with a PVH entry (`guest/pvh.c`, `guest/start-pvh.S`),
+/// for cloud-hypervisor's `--kernel`: parameters come from its `--cmdline` (the Linux program's
+/// option names: `--profile desktop --frames 16 …`), it keeps the BAR addresses the VMM assigned,
+/// prints on COM1 and powers the VM off through cloud-hypervisor's ACPI shutdown port when done.
+pub const PVH_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/guest-pvh.elf"));
