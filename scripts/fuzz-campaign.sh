@@ -148,7 +148,7 @@ for t in "${TARGETS[@]}"; do
     else
         runs=$(grep -oE '^#[0-9]+' "$WORK/out/$t.log" | tail -1 | tr -d '#')
     fi
-    found=$(find "$WORK/out" -name "$t-*" | wc -l)
+    found=$(find "$WORK/out" -maxdepth 1 -type f -name "$t-*" ! -name "$t-merge.log" | wc -l)
     echo "$t: ${runs:-0} executions, $found crash/leak/timeout inputs, corpus $(ls "$WORK/corpus/$t" | wc -l) files"
 done
 if [ "${KEEP:-0}" = 1 ]; then
