@@ -216,3 +216,55 @@ fn two_vmm_processes_in_two_network_namespaces_over_veth() {
     assert_destination_worked(&src, &dst);
     assert_eq!(checksum(&dst), want);
 }
+
+/// The guest's running sum at frame N (printed every 16 frames) is the checksum an N-frame run
+/// of the same guest ends with: one unmigrated run checks every `frame N sum S` line a migrated,
+/// restored or resumed guest prints (the libvirt and QEMU recipes rely on it). A different seed
+/// is the control: its sums differ.
+#[test]
+fn the_running_sum_at_frame_n_is_the_checksum_of_an_n_frame_run() {
+    if !kvm_present() {
+        return;
+    }
+    let run = |frames: &str, seed: &str| {
+        let out = gmig()
+            .args(["--json", "vm", "run", "--profile", "desktop", "--frames"])
+            .args([frames, "--seed", seed])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let sum_at_16 = |out: &Output| {
+        let s = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(s.lines().last().unwrap_or("{}")).unwrap();
+        let line = v["serial"]
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("frame 16 sum "))
+            .unwrap_or_else(|| panic!("no frame 16 line in {v}"))
+            .to_string();
+        line["frame 16 sum ".len()..].to_string()
+    };
+    let short = checksum(&run("16", "1"));
+    assert_eq!(
+        short,
+        format!(
+            "checksum {} frames 16 failures 0",
+            sum_at_16(&run("32", "1"))
+        )
+    );
+    assert_ne!(
+        short,
+        format!(
+            "checksum {} frames 16 failures 0",
+            sum_at_16(&run("32", "2"))
+        ),
+        "control: another seed's sums differ"
+    );
+}
