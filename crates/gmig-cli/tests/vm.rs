@@ -17,16 +17,20 @@ fn gmig() -> Command {
     Command::new(env!("CARGO_BIN_EXE_gmig"))
 }
 
-fn checksum(out: &Output) -> String {
+/// The guest's serial output in `gmig --json vm …`'s report.
+fn serial(out: &Output) -> String {
     let s = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(s.lines().last().unwrap_or("{}"))
         .unwrap_or_else(|e| panic!("not JSON ({e}): {s}"));
-    v["serial"]
-        .as_str()
-        .unwrap_or_default()
+    v["serial"].as_str().unwrap_or_default().to_string()
+}
+
+fn checksum(out: &Output) -> String {
+    let serial = serial(out);
+    serial
         .lines()
         .find(|l| l.starts_with("checksum"))
-        .unwrap_or_else(|| panic!("no checksum line in {v}"))
+        .unwrap_or_else(|| panic!("no checksum line in {serial}"))
         .to_string()
 }
 
@@ -240,14 +244,11 @@ fn the_running_sum_at_frame_n_is_the_checksum_of_an_n_frame_run() {
         out
     };
     let sum_at_16 = |out: &Output| {
-        let s = String::from_utf8_lossy(&out.stdout);
-        let v: serde_json::Value = serde_json::from_str(s.lines().last().unwrap_or("{}")).unwrap();
-        let line = v["serial"]
-            .as_str()
-            .unwrap_or_default()
+        let serial = serial(out);
+        let line = serial
             .lines()
             .find(|l| l.starts_with("frame 16 sum "))
-            .unwrap_or_else(|| panic!("no frame 16 line in {v}"))
+            .unwrap_or_else(|| panic!("no frame 16 line in {serial}"))
             .to_string();
         line["frame 16 sum ".len()..].to_string()
     };
