@@ -584,3 +584,41 @@ fn a_destination_killed_mid_stream_leaves_the_source_running_intact() {
 fn a_destination_server_killed_mid_stream_leaves_the_source_running_intact() {
     kill_mid_stream_and_check_the_source(Victim::Server, "server-killed");
 }
+
+/// Postcopy is refused with QEMU's reason (its VFIO migration does not support postcopy), and the
+/// source's guest renders on with its vGPU. The live migration test above, without postcopy, is
+/// the control: the same pair migrates.
+#[test]
+fn postcopy_is_refused_with_the_reason_and_the_source_renders_on() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    let mut p = pair(&tools, dir.path(), "postcopy", "desktop", &[], &[]);
+    let cap = r#"{"execute":"migrate-set-capabilities","arguments":{"capabilities":[{"capability":"postcopy-ram","state":true}]}}"#;
+    qmp(&mut p.src, cap);
+    qmp(&mut p.dst, cap);
+    wait_rendering(&mut p);
+    let answer = p.start_migration(r#"{"downtime-limit":300}"#);
+    let refusal = if answer.contains("\"error\"") {
+        answer
+    } else {
+        let q = p.wait_migration();
+        assert_eq!(q["status"], "failed", "{q}\n{}", p.logs());
+        q["error-desc"].to_string()
+    };
+    eprintln!("postcopy: {refusal}");
+    assert!(
+        refusal.contains("not supported with postcopy"),
+        "{refusal}\n{}",
+        p.logs()
+    );
+    let state = qmp(&mut p.src, r#"{"execute":"query-status"}"#);
+    assert_eq!(state["status"], "running", "{state}");
+    // The source's guest renders on: frames well past the refusal, no failed submission.
+    let later = format!("frame {} ", MIGRATE_AFTER + 64);
+    p.wait_source(|l| l.starts_with(&later));
+    let console = p.src.console();
+    assert!(!console.contains("seqno timeout"), "{}", p.logs());
+}
