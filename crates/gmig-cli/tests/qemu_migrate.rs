@@ -622,3 +622,113 @@ fn postcopy_is_refused_with_the_reason_and_the_source_renders_on() {
     let console = p.src.console();
     assert!(!console.contains("seqno timeout"), "{}", p.logs());
 }
+
+/// QEMU's `file:` migration (what `virsh save` and `restore` use underneath): the running guest
+/// is migrated into a file, and a new QEMU in another slot restores from it with
+/// `-incoming file:` and renders on to the unmigrated checksum, its frames following the
+/// source's. Control: the same file restored onto a server in that slot that does not remap
+/// faults (or renders something else).
+#[test]
+fn a_vm_saved_to_a_file_restores_in_another_slot_and_renders_on() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    let want = reference(&tools, dir.path(), "desktop", FRAMES);
+    let src_serve = Serve::start(gmig(), dir.path(), "file-src-gpu", &["--clients", "1"]);
+    let mut src = Vm::start(
+        &tools,
+        &guest(&src_serve.socket, "desktop", FRAMES, vec![]),
+        dir.path(),
+        "file-src",
+    );
+    let after = format!("frame {MIGRATE_AFTER} ");
+    assert!(
+        src.wait_for(Duration::from_secs(300), |l| l.starts_with(&after)),
+        "{}",
+        src.console()
+    );
+    let image = dir.path().join("vm.image");
+    qmp(
+        &mut src,
+        &format!(
+            r#"{{"execute":"migrate","arguments":{{"uri":"file:{}"}}}}"#,
+            image.display()
+        ),
+    );
+    let t = Instant::now();
+    let q = loop {
+        let q = qmp(&mut src, r#"{"execute":"query-migrate"}"#);
+        if matches!(
+            q["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        ) {
+            break q;
+        }
+        assert!(t.elapsed() < Duration::from_secs(300), "{q}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(q["status"], "completed", "{q}\n{}", src.stderr_text());
+    assert!(vfio_bytes(&q) > 0, "no device state saved: {q}");
+    let saved = frames(&src.console());
+    drop(src);
+    let dst_serve = Serve::start(
+        gmig(),
+        dir.path(),
+        "file-dst-gpu",
+        &["--slot", "1", "--clients", "1"],
+    );
+    let incoming = vec!["-incoming".to_string(), format!("file:{}", image.display())];
+    let mut dst = Vm::start(
+        &tools,
+        &guest(&dst_serve.socket, "desktop", FRAMES, incoming),
+        dir.path(),
+        "file-dst",
+    );
+    let status = dst.wait_exit(Duration::from_secs(600));
+    let console = dst.console();
+    let logs = format!("{console}\n{}\n{}", dst.stderr_text(), dst_serve.log_text());
+    assert!(
+        status.is_some(),
+        "the restored guest did not finish:\n{logs}"
+    );
+    let restored = frames(&console);
+    let (last, first) = (*saved.last().unwrap(), *restored.first().expect("no frame"));
+    assert!(
+        first > last && first <= last + 32,
+        "the restored frames do not follow the saved ones ({last} then {first}):\n{logs}"
+    );
+    assert_eq!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "the restored guest's checksum differs from an unmigrated run's:\n{logs}"
+    );
+    drop(dst);
+    if !control_available(&["--x-no-remap"], "a restore that does not remap") {
+        return;
+    }
+    let bad_serve = Serve::start(
+        gmig(),
+        dir.path(),
+        "file-bad-gpu",
+        &["--slot", "1", "--clients", "1", "--x-no-remap"],
+    );
+    let incoming = vec!["-incoming".to_string(), format!("file:{}", image.display())];
+    let mut bad = Vm::start(
+        &tools,
+        &guest(&bad_serve.socket, "desktop", FRAMES, incoming),
+        dir.path(),
+        "file-bad",
+    );
+    let ended = bad.wait_for(Duration::from_secs(120), |l| {
+        l.contains("seqno timeout") || l.starts_with("checksum")
+    });
+    let console = bad.console();
+    assert!(ended, "control: neither failed nor finished:\n{console}");
+    assert_ne!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "control: restored without remapping, the guest still rendered right"
+    );
+}
