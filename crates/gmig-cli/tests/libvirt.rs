@@ -469,6 +469,7 @@ fn migrate_rendering_domain(
     scratch: &Path,
     name: &str,
     frames: u32,
+    save_restore: bool,
 ) {
     define(src, scratch, name, &domain_xml(tools, name, frames, 512));
     src.ok(&["start", name]);
@@ -480,6 +481,9 @@ fn migrate_rendering_domain(
         src.serial(name),
         src.logs()
     );
+    if save_restore {
+        save_and_restore(src, scratch, name);
+    }
     // The command of the recipe: the client (virsh) talks to both daemons; QEMU's stream goes
     // over the veth pair to the destination's migration_host.
     let t = Instant::now();
@@ -528,6 +532,37 @@ fn migrate_rendering_domain(
         src.logs()
     );
     assert_eq!(dst.servers(name), 1, "{}", dst.logs());
+}
+
+/// `virsh save` of the rendering domain (shut off, its server released) and `virsh restore`
+/// (the hook serves the vGPU again): the guest renders on from where it was, and the serial file
+/// (`append='on'`) keeps what it printed before the save.
+fn save_and_restore(d: &Daemon, scratch: &Path, name: &str) {
+    let image = scratch.join(format!("{name}.save"));
+    let image = image.to_str().unwrap();
+    let last = |c: &str| frame_sums(c).keys().next_back().copied().unwrap_or(0);
+    d.ok(&["save", name, image]);
+    assert_eq!(d.state(name), "shut off", "{}", d.logs());
+    let t = Instant::now();
+    while d.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(d.servers(name), 0, "save left the server:\n{}", d.logs());
+    let saved_at = last(&d.serial(name));
+    d.ok(&["restore", image]);
+    assert_eq!(d.state(name), "running", "{}", d.logs());
+    assert!(
+        d.wait_serial(name, Duration::from_secs(120), |c| last(c) >= saved_at + 64),
+        "the restored guest did not render on from frame {saved_at}:\n{}\n{}",
+        d.serial(name),
+        d.logs()
+    );
+    let console = d.serial(name);
+    assert!(
+        console.lines().any(|l| l.starts_with("frame 64 ")),
+        "the serial file lost what the guest printed before the save:\n{console}"
+    );
+    eprintln!("virsh save at frame {saved_at}, restore: the guest renders on");
 }
 
 /// Destroys a migrated domain on `dst` (its hook's release stops the server) and undefines it
@@ -593,7 +628,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         ],
     );
     let name = "gmig-mig";
-    migrate_rendering_domain(&src, &dst, &tools, dir.path(), name, frames);
+    migrate_rendering_domain(&src, &dst, &tools, dir.path(), name, frames, patched);
 
     if !patched {
         // Stock QEMU: the migration completed, and the destination's vGPU is blank under the
@@ -650,8 +685,9 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         !after.is_empty() && first_on_dest > last_on_source,
         "the destination's guest rendered nothing after the switch-over:\n{console}"
     );
-    // Every running sum the destination printed is the unmigrated run's at that frame.
-    for (n, sum) in &after {
+    // Every running sum the guest printed — on the source before and after `virsh save` and
+    // `restore`, and on the destination — is the unmigrated run's at that frame.
+    for (n, sum) in before.iter().chain(&after) {
         assert_eq!(
             want_sums.get(n),
             Some(sum),
@@ -673,7 +709,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     c += "args = --x-no-remap\n";
     std::fs::write(&conf, c).unwrap();
     let ctl = "gmig-ctl";
-    migrate_rendering_domain(&src, &dst, &tools, dir.path(), ctl, frames);
+    migrate_rendering_domain(&src, &dst, &tools, dir.path(), ctl, frames, false);
     let differs = |c: &str| {
         c.contains("seqno timeout")
             || frame_sums(c)
