@@ -458,7 +458,7 @@ fn frame_sums(console: &str) -> std::collections::BTreeMap<u64, String> {
 
 /// Frames the migrated guest renders: enough that it still renders at the switch-over (it
 /// starts after frame 64 and takes seconds under TCG here) and a few seconds on the destination.
-const MIGRATED_FRAMES: u32 = 40_000;
+const MIGRATED_FRAMES: u32 = 60_000;
 
 /// A domain started on `src`, rendering, then `virsh migrate --live --verbose` to `dst`: the
 /// migration's output, after the source shut the domain off and the destination runs it.
@@ -656,38 +656,78 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         return;
     }
 
-    let done = dst.wait_serial(name, Duration::from_secs(300), |c| {
+    // The return hop, right away while the guest renders: back to the source's daemon, whose
+    // hook serves the vGPU in slot 0 again (its graphics addresses move back).
+    let last_on_source = frame_sums(&src.serial(name))
+        .keys()
+        .next_back()
+        .copied()
+        .unwrap_or(0);
+    let o = dst.virsh(&["migrate", "--live", "--verbose", name, &src.uri]);
+    let dst_console = dst.serial(name);
+    eprintln!(
+        "return hop: virsh migrate --live {name} {}: {}",
+        src.uri,
+        text(&o)
+    );
+    assert!(
+        !dst_console.contains("GMIG-GUEST: exit"),
+        "the guest finished on the destination before the return hop: raise the frame count"
+    );
+    assert!(
+        o.status.success(),
+        "the return hop failed: {}\n{}\n{}",
+        text(&o),
+        dst.logs(),
+        src.logs()
+    );
+    assert_eq!(src.state(name), "running", "{}", src.logs());
+    let done = src.wait_serial(name, Duration::from_secs(300), |c| {
         c.contains("GMIG-GUEST: exit")
     });
-    let console = dst.serial(name);
+    let console = src.serial(name);
     assert!(
         done,
-        "the guest did not finish on the destination:\n{console}"
+        "the guest did not finish after the return hop:\n{console}"
     );
     assert!(
         console.contains("GMIG-GUEST: exit 0") && !console.contains("seqno timeout"),
-        "the destination's guest failed:\n{console}"
+        "the guest failed after the return hop:\n{console}"
     );
     let reference = want.join().unwrap().expect("no unmigrated run");
-    let (before, after, want_sums) = (
-        frame_sums(&src.serial(name)),
+    let (on_source, on_dest, want_sums) = (
         frame_sums(&console),
+        frame_sums(&dst_console),
         frame_sums(&reference),
     );
-    let last_on_source = before.keys().next_back().copied().unwrap_or(0);
-    let first_on_dest = after.keys().next().copied().unwrap_or(0);
+    let first_on_dest = on_dest.keys().next().copied().unwrap_or(0);
+    let last_on_dest = on_dest.keys().next_back().copied().unwrap_or(0);
+    let back = on_source
+        .keys()
+        .find(|&&n| n > last_on_dest)
+        .copied()
+        .unwrap_or(0);
     eprintln!(
-        "the source rendered to frame {last_on_source}; the destination from frame \
-         {first_on_dest} on, {} progress lines after the switch-over",
-        after.len()
+        "the source rendered to frame {last_on_source}; the destination frames \
+         {first_on_dest}..={last_on_dest}; back on the source from frame {back}"
     );
     assert!(
-        !after.is_empty() && first_on_dest > last_on_source,
-        "the destination's guest rendered nothing after the switch-over:\n{console}"
+        !on_dest.is_empty() && first_on_dest > last_on_source,
+        "the destination's guest rendered nothing after the switch-over:\n{dst_console}"
+    );
+    assert!(
+        back > last_on_dest && back <= last_on_dest + 32,
+        "the guest's frames after the return hop do not follow the destination's:\n{console}"
+    );
+    // The source's serial file (append='on') still has the first frames, from before the save,
+    // the restore and both hops.
+    assert!(
+        on_source.contains_key(&64),
+        "the source's serial file lost its start:\n{console}"
     );
     // Every running sum the guest printed — on the source before and after `virsh save` and
-    // `restore`, and on the destination — is the unmigrated run's at that frame.
-    for (n, sum) in before.iter().chain(&after) {
+    // `restore`, on the destination, and on the source again — is the unmigrated run's.
+    for (n, sum) in on_source.iter().chain(&on_dest) {
         assert_eq!(
             want_sums.get(n),
             Some(sum),
@@ -699,7 +739,15 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         checksum_line(&reference),
         "the migrated guest's checksum differs from an unmigrated run's"
     );
-    retire(&src, &dst, name);
+    // The domain is back on the source: gone from the destination (its server released), the
+    // source's hook served it in slot 0.
+    let t = Instant::now();
+    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(dst.servers(name), 0, "{}", dst.logs());
+    let _ = src.virsh(&["destroy", name]);
+    src.ok(&["undefine", name]);
 
     // Negative control: the same migration to a destination whose server does not rebase the
     // guest's graphics addresses into its own slot (`gmig serve --x-no-remap` through the hook's
