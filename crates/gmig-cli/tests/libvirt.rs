@@ -534,13 +534,27 @@ fn migrate_rendering_domain(
     assert_eq!(dst.servers(name), 1, "{}", dst.logs());
 }
 
-/// `virsh save` of the rendering domain (shut off, its server released) and `virsh restore`
+/// `virsh suspend` and `resume` of the rendering domain, then `virsh save` (shut off, its
+/// server released) and `virsh restore`
 /// (the hook serves the vGPU again): the guest renders on from where it was, and the serial file
 /// (`append='on'`) keeps what it printed before the save.
 fn save_and_restore(d: &Daemon, scratch: &Path, name: &str) {
     let image = scratch.join(format!("{name}.save"));
     let image = image.to_str().unwrap();
     let last = |c: &str| frame_sums(c).keys().next_back().copied().unwrap_or(0);
+    // `virsh suspend`: paused, the guest renders nothing; `virsh resume`: it renders on.
+    d.ok(&["suspend", name]);
+    assert_eq!(d.state(name), "paused", "{}", d.logs());
+    let paused_at = last(&d.serial(name));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(last(&d.serial(name)), paused_at, "a paused guest rendered");
+    d.ok(&["resume", name]);
+    assert!(
+        d.wait_serial(name, Duration::from_secs(120), |c| last(c)
+            >= paused_at + 32),
+        "the resumed guest did not render on:\n{}",
+        d.logs()
+    );
     d.ok(&["save", name, image]);
     assert_eq!(d.state(name), "shut off", "{}", d.logs());
     let t = Instant::now();
