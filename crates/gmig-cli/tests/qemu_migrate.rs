@@ -732,3 +732,50 @@ fn a_vm_saved_to_a_file_restores_in_another_slot_and_renders_on() {
         "control: restored without remapping, the guest still rendered right"
     );
 }
+
+/// QEMU's multifd migration (`multifd` on both sides, `-global migration.x-multifd=on`: RAM
+/// over several channels, the device's state on the main one): it completes, the device's state moves, and the destination renders
+/// on to the unmigrated checksum. The control is the no-remap test's (the device state is the
+/// same whichever channels carry the RAM).
+#[test]
+fn a_multifd_migration_moves_the_vgpu_and_the_guest_renders_on() {
+    let _one = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let Some(tools) = tools(dir.path()) else {
+        return;
+    };
+    let want = reference(&tools, dir.path(), "desktop", FRAMES);
+    // The capability must be on before the destination's `-incoming` starts: set on both
+    // sides by QEMU's migration object property.
+    let mut p = Pair::start(
+        gmig(),
+        &tools,
+        dir.path(),
+        "multifd",
+        &[],
+        &[],
+        |socket, mut extra| {
+            extra.extend(["-global".to_string(), "migration.x-multifd=on".to_string()]);
+            guest(socket, "desktop", FRAMES, extra)
+        },
+    );
+    let caps = qmp(&mut p.src, r#"{"execute":"query-migrate-capabilities"}"#);
+    assert!(
+        caps.as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c["capability"] == "multifd" && c["state"] == true)),
+        "multifd is not on: {caps}"
+    );
+    let q = migrate(&mut p);
+    eprintln!("multifd: {q}");
+    assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
+    assert!(vfio_bytes(&q) > 0, "no device state moved: {q}");
+    let console = p.finish();
+    assert!(console.contains("GMIG-GUEST: exit 0"), "{}", p.logs());
+    assert_eq!(
+        checksum_line(&console).as_deref(),
+        Some(want.as_str()),
+        "the guest's checksum after a multifd migration differs:\n{}",
+        p.logs()
+    );
+}
