@@ -671,16 +671,17 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     }
 
     // The return hop, right away while the guest renders: back to the source's daemon, whose
-    // hook serves the vGPU in slot 0 again (its graphics addresses move back).
+    // hook serves the vGPU in slot 0 again (its graphics addresses move back); not live: the
+    // guest is paused for the whole transfer.
     let last_on_source = frame_sums(&src.serial(name))
         .keys()
         .next_back()
         .copied()
         .unwrap_or(0);
-    let o = dst.virsh(&["migrate", "--live", "--verbose", name, &src.uri]);
+    let o = dst.virsh(&["migrate", "--verbose", name, &src.uri]);
     let dst_console = dst.serial(name);
     eprintln!(
-        "return hop: virsh migrate --live {name} {}: {}",
+        "return hop: virsh migrate {name} {} (not live): {}",
         src.uri,
         text(&o)
     );
