@@ -26,6 +26,10 @@
 //! (`--x-no-migration`) blocks it with the reason. A destination QEMU or its server killed mid-stream
 //! leaves the source running, and its guest prints the reference checksum.
 //!
+//! The other ways QEMU migrates: postcopy is refused with QEMU's reason and the source renders
+//! on; a `file:` migration restores in a new QEMU in another slot (and, without remapping,
+//! faults); multifd moves the vGPU and the guest renders on.
+//!
 //! The tests run one at a time (a lock): each runs up to three QEMUs under TCG.
 //!
 //! Skips (loudly) only where QEMU's source tarball is not beside the repository
