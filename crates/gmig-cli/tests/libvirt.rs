@@ -12,7 +12,11 @@
 //! checksum `gmig vm run` prints.
 //!
 //! Migration: two daemons, each in its own network namespace joined by a veth pair, each with its
-//! own vGPU slot. `virsh migrate --live --verbose DOMAIN URI` must complete. With stock QEMU
+//! own vGPU slot, both listening on TCP too. The domain is suspended and resumed, saved and
+//! restored, then `virsh migrate --live --persistent --undefinesource --verbose DOMAIN URI`
+//! (client-driven) must complete, the source forgetting the domain and the destination keeping
+//! it defined; then a return hop `virsh migrate --p2p --verbose DOMAIN qemu+tcp://…` (daemon to
+//! daemon, not live) brings it back. With stock QEMU
 //! (no `integrations/qemu/patches/*.patch`) QEMU moves no vGPU state: the test asserts that the
 //! destination's guest then finds its vGPU blank (issue 31 documents this silent loss); with the
 //! patches it asserts that the destination's guest renders on after the switch-over, that every
@@ -269,6 +273,22 @@ impl Daemon {
         done(&self.serial(name))
     }
 
+    /// Waits (up to 30 s) until the hook has stopped every server of the domain; whether it did.
+    fn servers_gone(&self, name: &str) -> bool {
+        let t = Instant::now();
+        while self.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.servers(name) == 0
+    }
+
+    /// Whether the daemon knows the domain (running, or defined and shut off).
+    fn knows(&self, name: &str) -> bool {
+        text(&self.virsh(&["list", "--all", "--name"]))
+            .lines()
+            .any(|l| l.trim() == name)
+    }
+
     fn wait_state(&self, name: &str, want: &str, limit: Duration) -> bool {
         let t = Instant::now();
         while t.elapsed() < limit {
@@ -456,12 +476,20 @@ fn frame_sums(console: &str) -> std::collections::BTreeMap<u64, String> {
         .collect()
 }
 
+/// The last frame number a console printed a running sum for (0: none yet).
+fn last_frame(console: &str) -> u64 {
+    frame_sums(console).keys().next_back().copied().unwrap_or(0)
+}
+
 /// Frames the migrated guest renders: enough that it still renders at the switch-over (it
 /// starts after frame 64 and takes seconds under TCG here) and a few seconds on the destination.
 const MIGRATED_FRAMES: u32 = 60_000;
 
-/// A domain started on `src`, rendering, then `virsh migrate --live --verbose` to `dst`: the
-/// migration's output, after the source shut the domain off and the destination runs it.
+/// A domain started on `src`, rendering, then `virsh migrate FLAGS NAME DEST_URI` run against
+/// `src` (`flags` and the URI as given; with `--undefinesource` the source must forget the
+/// domain, with `--persistent` the destination must keep it defined); returns after the
+/// destination runs the domain and the source no longer does.
+#[allow(clippy::too_many_arguments)]
 fn migrate_rendering_domain(
     src: &Daemon,
     dst: &Daemon,
@@ -470,6 +498,7 @@ fn migrate_rendering_domain(
     name: &str,
     frames: u32,
     save_restore: bool,
+    (flags, dest_uri): (&[&str], &str),
 ) {
     define(src, scratch, name, &domain_xml(tools, name, frames, 512));
     src.ok(&["start", name]);
@@ -484,14 +513,18 @@ fn migrate_rendering_domain(
     if save_restore {
         save_and_restore(src, scratch, name);
     }
-    // The command of the recipe: the client (virsh) talks to both daemons; QEMU's stream goes
-    // over the veth pair to the destination's migration_host.
+    // The command of the recipe. Client-driven (the destination's UNIX socket URI), virsh talks
+    // to both daemons; with `--p2p` (a `qemu+tcp://` URI) the source's daemon talks to the
+    // destination's. QEMU's stream goes over the veth pair to the destination's migration_host.
+    let mut args = vec!["migrate"];
+    args.extend_from_slice(flags);
+    args.extend([name, dest_uri]);
     let t = Instant::now();
-    let o = src.virsh(&["migrate", "--live", "--verbose", name, &dst.uri]);
+    let o = src.virsh(&args);
     let migrate_s = t.elapsed().as_secs_f64();
     eprintln!(
-        "virsh migrate --live --verbose {name} {} ({migrate_s:.1} s, {}):\n{}",
-        dst.uri,
+        "virsh {} ({migrate_s:.1} s, {}):\n{}",
+        args.join(" "),
         o.status,
         text(&o)
     );
@@ -509,11 +542,27 @@ fn migrate_rendering_domain(
         dst.logs()
     );
     assert_eq!(dst.state(name), "running", "{}", dst.logs());
-    assert!(
-        src.wait_state(name, "shut off", Duration::from_secs(30)),
-        "the source still runs the domain: {}",
-        src.state(name)
-    );
+    if flags.contains(&"--undefinesource") {
+        assert!(
+            !src.knows(name),
+            "--undefinesource: the source still knows the domain ({})",
+            src.state(name)
+        );
+    } else {
+        assert!(
+            src.wait_state(name, "shut off", Duration::from_secs(30)),
+            "the source still runs the domain: {}",
+            src.state(name)
+        );
+    }
+    if flags.contains(&"--persistent") {
+        let info = dst.ok(&["dominfo", name]);
+        assert!(
+            info.lines()
+                .any(|l| l.starts_with("Persistent:") && l.ends_with("yes")),
+            "--persistent: the destination's domain is not persistent:\n{info}"
+        );
+    }
     eprintln!("{}", dst.ok(&["domjobinfo", name, "--completed"]));
     // The destination's hook served the vGPU in its own slot; the source's released its own.
     let dst_hook = dst.file("log/gmig-hook.log");
@@ -521,13 +570,8 @@ fn migrate_rendering_domain(
         dst_hook.contains(&format!("on /run/gmig/{name}.sock, type 64+384, slot 1")),
         "{dst_hook}"
     );
-    let t = Instant::now();
-    while src.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(
-        src.servers(name),
-        0,
+    assert!(
+        src.servers_gone(name),
         "the source kept its server:\n{}",
         src.logs()
     );
@@ -541,7 +585,7 @@ fn migrate_rendering_domain(
 fn save_and_restore(d: &Daemon, scratch: &Path, name: &str) {
     let image = scratch.join(format!("{name}.save"));
     let image = image.to_str().unwrap();
-    let last = |c: &str| frame_sums(c).keys().next_back().copied().unwrap_or(0);
+    let last = last_frame;
     // `virsh suspend`: paused, the guest renders nothing; `virsh resume`: it renders on.
     d.ok(&["suspend", name]);
     assert_eq!(d.state(name), "paused", "{}", d.logs());
@@ -557,11 +601,7 @@ fn save_and_restore(d: &Daemon, scratch: &Path, name: &str) {
     );
     d.ok(&["save", name, image]);
     assert_eq!(d.state(name), "shut off", "{}", d.logs());
-    let t = Instant::now();
-    while d.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(d.servers(name), 0, "save left the server:\n{}", d.logs());
+    assert!(d.servers_gone(name), "save left the server:\n{}", d.logs());
     let saved_at = last(&d.serial(name));
     d.ok(&["restore", image]);
     assert_eq!(d.state(name), "running", "{}", d.logs());
@@ -580,20 +620,19 @@ fn save_and_restore(d: &Daemon, scratch: &Path, name: &str) {
 }
 
 /// Destroys a migrated domain on `dst` (its hook's release stops the server) and undefines it
-/// on `src`.
+/// wherever it is still defined.
 fn retire(src: &Daemon, dst: &Daemon, name: &str) {
     let _ = dst.virsh(&["destroy", name]);
-    let t = Instant::now();
-    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(
-        dst.servers(name),
-        0,
+    assert!(
+        dst.servers_gone(name),
         "release left a server:\n{}",
         dst.logs()
     );
-    src.ok(&["undefine", name]);
+    for d in [src, dst] {
+        if d.knows(name) {
+            d.ok(&["undefine", name]);
+        }
+    }
 }
 
 #[test]
@@ -617,6 +656,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     };
     let started = Instant::now();
     let net = NetPair::up("m");
+    // Both daemons listen on TCP too: the return hop is daemon to daemon (`--p2p`).
     let src = Daemon::start(
         dir.path().join("src"),
         &[
@@ -626,6 +666,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
             "gmig-src",
             "--migration-host",
             NetPair::ADDR_A,
+            "--listen-tcp",
         ],
     );
     let dst = Daemon::start(
@@ -639,10 +680,23 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
             NetPair::ADDR_B,
             "--slot-offset",
             "1",
+            "--listen-tcp",
         ],
     );
     let name = "gmig-mig";
-    migrate_rendering_domain(&src, &dst, &tools, dir.path(), name, frames, patched);
+    // The first hop: live, client-driven, and the domain's definition moves with it
+    // (`--persistent --undefinesource`).
+    let first_hop: &[&str] = &["--live", "--persistent", "--undefinesource", "--verbose"];
+    migrate_rendering_domain(
+        &src,
+        &dst,
+        &tools,
+        dir.path(),
+        name,
+        frames,
+        patched,
+        (first_hop, &dst.uri),
+    );
 
     if !patched {
         // Stock QEMU: the migration completed, and the destination's vGPU is blank under the
@@ -671,18 +725,15 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     }
 
     // The return hop, right away while the guest renders: back to the source's daemon, whose
-    // hook serves the vGPU in slot 0 again (its graphics addresses move back); not live: the
-    // guest is paused for the whole transfer.
-    let last_on_source = frame_sums(&src.serial(name))
-        .keys()
-        .next_back()
-        .copied()
-        .unwrap_or(0);
-    let o = dst.virsh(&["migrate", "--verbose", name, &src.uri]);
+    // hook serves the vGPU in slot 0 again (its graphics addresses move back); not live (the
+    // guest is paused for the whole transfer) and daemon to daemon (`--p2p`: the destination's
+    // libvirtd connects to the source's over TCP).
+    let last_on_source = last_frame(&src.serial(name));
+    let src_tcp = format!("qemu+tcp://{}/system", NetPair::ADDR_A);
+    let o = dst.virsh(&["migrate", "--p2p", "--verbose", name, &src_tcp]);
     let dst_console = dst.serial(name);
     eprintln!(
-        "return hop: virsh migrate {name} {} (not live): {}",
-        src.uri,
+        "return hop: virsh migrate --p2p --verbose {name} {src_tcp} (not live): {}",
         text(&o)
     );
     assert!(
@@ -716,7 +767,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         frame_sums(&reference),
     );
     let first_on_dest = on_dest.keys().next().copied().unwrap_or(0);
-    let last_on_dest = on_dest.keys().next_back().copied().unwrap_or(0);
+    let last_on_dest = last_frame(&dst_console);
     let back = on_source
         .keys()
         .find(|&&n| n > last_on_dest)
@@ -754,15 +805,17 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         checksum_line(&reference),
         "the migrated guest's checksum differs from an unmigrated run's"
     );
-    // The domain is back on the source: gone from the destination (its server released), the
-    // source's hook served it in slot 0.
-    let t = Instant::now();
-    while dst.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(dst.servers(name), 0, "{}", dst.logs());
-    let _ = src.virsh(&["destroy", name]);
-    src.ok(&["undefine", name]);
+    // The domain is back on the source: its server on the destination released, the
+    // destination keeps the definition the first hop's `--persistent` gave it (shut off), the
+    // source runs it as a transient domain.
+    assert!(dst.servers_gone(name), "{}", dst.logs());
+    assert_eq!(dst.state(name), "shut off", "{}", dst.logs());
+    src.ok(&["destroy", name]);
+    assert!(
+        !src.knows(name),
+        "the returned domain was not transient on the source"
+    );
+    dst.ok(&["undefine", name]);
 
     // Negative control: the same migration to a destination whose server does not rebase the
     // guest's graphics addresses into its own slot (`gmig serve --x-no-remap` through the hook's
@@ -772,7 +825,16 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     c += "args = --x-no-remap\n";
     std::fs::write(&conf, c).unwrap();
     let ctl = "gmig-ctl";
-    migrate_rendering_domain(&src, &dst, &tools, dir.path(), ctl, frames, false);
+    migrate_rendering_domain(
+        &src,
+        &dst,
+        &tools,
+        dir.path(),
+        ctl,
+        frames,
+        false,
+        (&["--live", "--verbose"], &dst.uri),
+    );
     let differs = |c: &str| {
         c.contains("seqno timeout")
             || frame_sums(c)
