@@ -41,7 +41,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gmig_test_support::qemu::pair::{hmp, qmp_return as qmp, Pair};
+use gmig_test_support::qemu::pair::{hmp, qmp_return as qmp, wait_migration, Pair};
 use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools, Vm, VmSpec};
 use serde_json::Value;
 
@@ -661,35 +661,26 @@ fn a_vm_saved_to_a_file_restores_in_another_slot_and_renders_on() {
             image.display()
         ),
     );
-    let t = Instant::now();
-    let q = loop {
-        let q = qmp(&mut src, r#"{"execute":"query-migrate"}"#);
-        if matches!(
-            q["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        ) {
-            break q;
-        }
-        assert!(t.elapsed() < Duration::from_secs(300), "{q}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let q = wait_migration(&mut src).unwrap_or_else(|q| panic!("the save did not end: {q}"));
     assert_eq!(q["status"], "completed", "{q}\n{}", src.stderr_text());
     assert!(vfio_bytes(&q) > 0, "no device state saved: {q}");
     let saved = frames(&src.console());
     drop(src);
-    let dst_serve = Serve::start(
-        gmig(),
-        dir.path(),
-        "file-dst-gpu",
-        &["--slot", "1", "--clients", "1"],
-    );
-    let incoming = vec!["-incoming".to_string(), format!("file:{}", image.display())];
-    let mut dst = Vm::start(
-        &tools,
-        &guest(&dst_serve.socket, "desktop", FRAMES, incoming),
-        dir.path(),
-        "file-dst",
-    );
+    // A new QEMU restoring the image, its vGPU served in slot 1 with `serve_args` besides.
+    let restore = |tag: &str, serve_args: &[&str]| {
+        let mut args = vec!["--slot", "1", "--clients", "1"];
+        args.extend_from_slice(serve_args);
+        let serve = Serve::start(gmig(), dir.path(), &format!("{tag}-gpu"), &args);
+        let incoming = vec!["-incoming".to_string(), format!("file:{}", image.display())];
+        let vm = Vm::start(
+            &tools,
+            &guest(&serve.socket, "desktop", FRAMES, incoming),
+            dir.path(),
+            tag,
+        );
+        (serve, vm)
+    };
+    let (dst_serve, mut dst) = restore("file-dst", &[]);
     let status = dst.wait_exit(Duration::from_secs(600));
     let console = dst.console();
     let logs = format!("{console}\n{}\n{}", dst.stderr_text(), dst_serve.log_text());
@@ -712,19 +703,7 @@ fn a_vm_saved_to_a_file_restores_in_another_slot_and_renders_on() {
     if !control_available(&["--x-no-remap"], "a restore that does not remap") {
         return;
     }
-    let bad_serve = Serve::start(
-        gmig(),
-        dir.path(),
-        "file-bad-gpu",
-        &["--slot", "1", "--clients", "1", "--x-no-remap"],
-    );
-    let incoming = vec!["-incoming".to_string(), format!("file:{}", image.display())];
-    let mut bad = Vm::start(
-        &tools,
-        &guest(&bad_serve.socket, "desktop", FRAMES, incoming),
-        dir.path(),
-        "file-bad",
-    );
+    let (_bad_serve, mut bad) = restore("file-bad", &["--x-no-remap"]);
     let ended = bad.wait_for(Duration::from_secs(120), |l| {
         l.contains("seqno timeout") || l.starts_with("checksum")
     });

@@ -125,20 +125,8 @@ impl Pair {
 
     /// Polls `query-migrate` on the source until it ends; its last answer.
     pub fn wait_migration(&mut self) -> Value {
-        let t = Instant::now();
-        loop {
-            let q = qmp_return(&mut self.src, r#"{"execute":"query-migrate"}"#);
-            let status = q["status"].as_str().unwrap_or("").to_string();
-            if matches!(status.as_str(), "completed" | "failed" | "cancelled") {
-                return q;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(300),
-                "the migration did not end: {q}\n{}",
-                self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_migration(&mut self.src)
+            .unwrap_or_else(|q| panic!("the migration did not end: {q}\n{}", self.logs()))
     }
 
     /// Sets `params`, sends `migrate` (which must be accepted) and waits for it to end; the
@@ -177,4 +165,23 @@ pub fn hmp(vm: &mut Vm, line: &str) -> String {
         .as_str()
         .unwrap_or_default()
         .to_string()
+}
+
+/// Polls `query-migrate` on `vm` until its migration has ended (completed, failed or
+/// cancelled), up to 300 s: the last answer, or `Err` with the last answer on the time limit.
+pub fn wait_migration(vm: &mut Vm) -> Result<Value, Value> {
+    let t = Instant::now();
+    loop {
+        let q = qmp_return(vm, r#"{"execute":"query-migrate"}"#);
+        if matches!(
+            q["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        ) {
+            return Ok(q);
+        }
+        if t.elapsed() >= Duration::from_secs(300) {
+            return Err(q);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
