@@ -2,7 +2,9 @@
 
 use std::marker::PhantomData;
 
-use vm_memory::{GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress};
+use vm_memory::{
+    GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress,
+};
 
 use crate::addr::{Gfn, PAGE_SHIFT, PAGE_SIZE};
 
@@ -174,6 +176,29 @@ impl Cursor<'_> {
             .0
             .wrapping_add(((gfn.0 - r.first) as usize) << PAGE_SHIFT))
     }
+}
+
+/// Whether the device may write guest RAM at `gpa..gpa + len`: every region the range touches
+/// is mapped writable. A VMM may map a range to the device read-only (a vfio-user DMA_MAP without
+/// the write flag, which a server maps `PROT_READ`); the vGPU's writes and a migration
+/// destination's page writes ask this first and refuse, as an IOMMU refuses a write through a
+/// read-only mapping, instead of faulting the process on the protected page. A range RAM does
+/// not back answers `true` (the write itself then fails as unbacked).
+pub fn device_writable(mem: &GuestMemoryMmap, gpa: GuestAddress, len: usize) -> bool {
+    let Some(end) = gpa.0.checked_add(len as u64) else {
+        return true;
+    };
+    let mut at = gpa.0;
+    while at < end {
+        let Some(r) = mem.find_region(GuestAddress(at)) else {
+            return true;
+        };
+        if r.prot() & libc::PROT_WRITE == 0 {
+            return false;
+        }
+        at = r.start_addr().0.saturating_add(r.len());
+    }
+    true
 }
 
 #[cfg(test)]

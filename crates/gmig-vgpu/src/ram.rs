@@ -7,24 +7,4 @@
 //! (`GttError::ReadOnly`, nothing written) as an IOMMU refuses a write through a read-only
 //! mapping, instead of faulting the whole process on the protected page.
 
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
-
-/// Whether the device may write guest RAM at `gpa..gpa + len`: every region the range touches
-/// is mapped writable. A range RAM does not back answers `true` (the write itself then fails
-/// with `GttError::NoRam`).
-pub fn device_writable(mem: &GuestMemoryMmap, gpa: GuestAddress, len: usize) -> bool {
-    let Some(end) = gpa.0.checked_add(len as u64) else {
-        return true;
-    };
-    let mut at = gpa.0;
-    while at < end {
-        let Some(r) = mem.find_region(GuestAddress(at)) else {
-            return true;
-        };
-        if r.prot() & libc::PROT_WRITE == 0 {
-            return false;
-        }
-        at = r.start_addr().0.saturating_add(r.len());
-    }
-    true
-}
+pub use gmig_dirty::memory::device_writable;

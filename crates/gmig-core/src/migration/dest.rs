@@ -208,10 +208,7 @@ impl<F: VmFactory> DestDevice<F> {
                         .ok_or(DeviceError::Failed("frame overflow".into()))?;
                     // A frame the VMM mapped read-only to the device is not the device's
                     // to write (writing it would fault the process on the protected page).
-                    if mem
-                        .find_region(addr)
-                        .is_some_and(|r| r.prot() & libc::PROT_WRITE == 0)
-                    {
+                    if !gmig_dirty::memory::device_writable(mem, addr, page.len()) {
                         return Err(DeviceError::BadStream {
                             offset: 0,
                             reason: format!(
