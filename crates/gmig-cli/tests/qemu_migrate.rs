@@ -49,9 +49,10 @@ fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
 }
 
-/// Frames the guest renders: enough that the migration (about a second here) ends well before
-/// the guest does, at QEMU/TCG's ~2000 frames a second on two busy cores.
-const FRAMES: u32 = 20_000;
+/// Frames the guest renders: enough that the migration (about a second here, a few on a
+/// machine loaded to 5 times its cores) ends well before the guest does, at QEMU/TCG's ~2000
+/// frames a second on two busy cores (about 1000 at that load): 5 s of rendering, 10 s loaded.
+const FRAMES: u32 = 10_000;
 /// The frame after which the source is told to migrate.
 const MIGRATE_AFTER: u32 = 32;
 /// Guest RAM: small, so that QEMU's RAM pre-copy is short.
