@@ -10,7 +10,7 @@
 #   scripts/igt/build.sh --check       exit 0 if the install for this key is cached, 1 if not
 #
 # DIR holds:
-#   DIR/root/usr/libexec/igt-gpu-tools/<test>   the test binaries of the non-kms_* lines of
+#   DIR/root/usr/libexec/igt-gpu-tools/<test>   the test binaries of the lines of
 #                                               tests/intel-ci/i915.fast-feedback.testlist
 #   DIR/root/usr/lib/x86_64-linux-gnu/libigt.so.0   IGT's own libraries (libigt, libi915_perf)
 #   DIR/root/lib/x86_64-linux-gnu/<soname>      each system library they need (`ldd`'s closure,
@@ -21,6 +21,7 @@
 #                             `root/usr/libexec/igt-gpu-tools/gem_basic /usr/libexec/igt-gpu-tools/gem_basic`
 #                             (what scripts/igt/run.sh passes to scripts/qemu/guest.sh --add)
 #   DIR/fast-feedback.testlist  the testlist's non-kms_* `igt@...` lines, in its order
+#   DIR/kms.testlist            its kms_* lines (the display's), in its order
 #   DIR/build.log, key.txt, build-seconds   the build's log, key inputs, first build's duration
 # Run the tests with LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu (the guest
 # has no ld.so.cache). Binaries and libraries keep their symbol tables (debug info is stripped),
@@ -91,7 +92,7 @@ meson_opts=(
     -Dchamelium=disabled -Dvalgrind=disabled
 )
 # Part of the key: bump when the recipe changes in a way the options do not show.
-recipe="v1 debian-meson edits=no-acmgt-i915-perf targets=ff-non-kms+libigt opts=${meson_opts[*]}"
+recipe="v2 debian-meson edits=no-acmgt-i915-perf targets=ff+kms+libigt opts=${meson_opts[*]}"
 
 tar_sha=$(sha256sum "$tarball" | cut -d' ' -f1)
 key_material="tarball $tar_sha"$'\n'"recipe $recipe"$'\n'"script $(sha256sum "$self" | cut -d' ' -f1)"$'\n'
@@ -202,9 +203,10 @@ echo "=== edited lib/i915/perf.c: DG2 reports an unsupported platform" >>"$log"
 # ---- which binaries ---------------------------------------------------------------------------
 [[ -f $src/$testlist_rel ]] || fail "no $testlist_rel"
 grep '^igt@' "$src/$testlist_rel" | grep -v '^igt@kms_' >"$tmp/fast-feedback.testlist"
-mapfile -t progs < <(cut -d@ -f2 "$tmp/fast-feedback.testlist" | sort -u)
+grep '^igt@kms_' "$src/$testlist_rel" >"$tmp/kms.testlist" || true
+mapfile -t progs < <(cat "$tmp/fast-feedback.testlist" "$tmp/kms.testlist" | cut -d@ -f2 | sort -u)
 ((${#progs[@]} > 0)) || fail "no tests in $testlist_rel"
-note "${#progs[@]} test binaries, $(wc -l <"$tmp/fast-feedback.testlist") testlist lines"
+note "${#progs[@]} test binaries, $(cat "$tmp/fast-feedback.testlist" "$tmp/kms.testlist" | wc -l) testlist lines"
 targets=()
 for p in "${progs[@]}"; do targets+=("tests/$p"); done
 
@@ -261,7 +263,7 @@ while read -r _ dest; do
         [[ -n ${have[$need]:-} ]] || fail "$dest needs $need, which is not placed"
     done < <(objdump -p "$root$dest" 2>/dev/null | awk '$1 == "NEEDED" { print $2 }')
 done <"$stage/files.txt"
-cp "$tmp/fast-feedback.testlist" "$stage/fast-feedback.testlist"
+cp "$tmp/fast-feedback.testlist" "$tmp/kms.testlist" "$stage/"
 printf '%s' "$key_material" >"$stage/key.txt"
 echo "=== $(wc -l <"$stage/files.txt") files, $(du -sh "$root" | cut -f1)" >>"$log"
 echo "$((SECONDS - start))" >"$stage/build-seconds"

@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Runs IGT's i915 fast-feedback tests (the non-kms_* lines of
-# tests/intel-ci/i915.fast-feedback.testlist) in a Linux i915 guest on the gmig vGPU, rebooting
-# the guest after a hang, and prints one line per subtest.
+# tests/intel-ci/i915.fast-feedback.testlist, or with --list kms its kms_* lines) in a Linux i915
+# guest on the gmig vGPU, rebooting the guest after a hang, and prints one line per subtest.
 #
-#   scripts/igt/run.sh [--timeout SECS] [--boot-timeout SECS] [--gmig-wait SECS]
-#                      [--ram-mib MIB] [--details FILE] [--times FILE] [--keep DIR] [REGEX]
+#   scripts/igt/run.sh [--list ff|kms] [--fbcon] [--no-posted-writes] [--timeout SECS]
+#                      [--boot-timeout SECS]
+#                      [--gmig-wait SECS] [--ram-mib MIB] [--details FILE] [--times FILE]
+#                      [--keep DIR] [REGEX]
 #
+#   --list ff|kms     which lines: `ff` (default) the testlist's non-kms_* lines, `kms` its
+#                     kms_* lines (the display: the vGPU's virtual monitor)
+#   --fbcon           boot with i915's fbdev emulation (fbcon, /dev/fb0), for the fbdev@*
+#                     subtests; without it the guest boots with drm_kms_helper.fbdev_emulation=0.
+#                     With --fbcon or --list kms QEMU posts region writes (its default);
+#                     otherwise it runs with x-no-posted-writes=true (see below)
+#   --no-posted-writes  x-no-posted-writes=true whatever the list
 #   REGEX             run only the testlist entries (`igt@BINARY@SUBTEST[@DYNAMIC]`) that match
 #                     this extended regular expression (grep -E), e.g. 'gem_basic|prime_vgem'
 #   --timeout SECS    bound on one subtest in the guest (default 120); past it the test is
@@ -71,8 +80,12 @@ die() { echo "scripts/igt/run.sh: error: $*" >&2; exit 2; }
 note() { echo "scripts/igt/run.sh: $*" >&2; }
 
 timeout=120 boot_timeout=600 gmig_wait=3600 ram=1024 details='' times='' keep='' regex='' prepare_only=0
+list=ff fbcon=0 force_no_posted=0
 while (($#)); do
     case $1 in
+        --list) list=$2; shift 2 ;;
+        --fbcon) fbcon=1; shift ;;
+        --no-posted-writes) force_no_posted=1; shift ;;
         --timeout) timeout=$2; shift 2 ;;
         --boot-timeout) boot_timeout=$2; shift 2 ;;
         --gmig-wait) gmig_wait=$2; shift 2 ;;
@@ -89,6 +102,20 @@ done
 [[ $timeout =~ ^[0-9]+$ && $boot_timeout =~ ^[0-9]+$ && $gmig_wait =~ ^[0-9]+$ ]] ||
     die "--timeout, --boot-timeout and --gmig-wait take whole seconds"
 [[ $ram =~ ^[0-9]+$ ]] || die "--ram-mib takes a whole number"
+case $list in
+    ff) listfile=fast-feedback.testlist ;;
+    kms) listfile=kms.testlist ;;
+    *) die "--list takes ff or kms, not '$list'" ;;
+esac
+# QEMU's posted writes stay off (x-no-posted-writes=true) for the ff list, whose tests read back
+# through RAM what they wrote through the aperture; the display's tests draw their framebuffers
+# through the aperture, which takes minutes under TCG with every write waiting for the server.
+no_posted=true
+[[ $list == kms || $fbcon == 1 ]] && no_posted=false
+((force_no_posted)) && no_posted=true
+fbdev_arg=' drm_kms_helper.fbdev_emulation=0'
+((fbcon)) && fbdev_arg=''
+
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 if [[ -n $keep ]]; then
@@ -129,7 +156,8 @@ igt=$("$root/scripts/igt/build.sh" | tail -n1)
 [[ -f $igt/files.txt ]] || die "scripts/igt/build.sh gave no install dir"
 note "IGT: $igt ($((SECONDS - t)) s)"
 
-grep -E -- "${regex:-.}" "$igt/fast-feedback.testlist" >"$work/tests.txt" || true
+[[ -f $igt/$listfile ]] || die "$igt has no $listfile (an IGT built by an older scripts/igt/build.sh?)"
+grep -E -- "${regex:-.}" "$igt/$listfile" >"$work/tests.txt" || true
 mapfile -t names <"$work/tests.txt"
 n=${#names[@]}
 ((n > 0)) || die "no testlist entry matches '${regex}'"
@@ -344,9 +372,9 @@ while ((next <= n)); do
         -object "memory-backend-memfd,id=mem,size=${ram}M,share=on" \
         -nodefaults -nographic -no-reboot -display none -serial "file:$con" \
         -kernel "$kernel" -initrd "$initrd" \
-        -append "console=ttyS0 panic=-1 quiet no_timer_check drm_kms_helper.fbdev_emulation=0 gmig.run=/bin/igt-guest,$next,$timeout" \
+        -append "console=ttyS0 panic=-1 quiet no_timer_check$fbdev_arg gmig.run=/bin/igt-guest,$next,$timeout" \
         -device "{\"driver\":\"vfio-user-pci\",\"id\":\"gpu0\",\"socket\":{\"path\":\"$sock\",\"type\":\"unix\"}}" \
-        -global vfio-user-pci.x-no-posted-writes=true \
+        -global "vfio-user-pci.x-no-posted-writes=$no_posted" \
         </dev/null >"$work/qemu-$boot.log" 2>&1 &
     qemu_pid=$!
     boot_t0=$SECONDS quiet_since=$SECONDS seen=0 cur='' cur_t0=0 off0=0 started=0 ended=0 killed=0

@@ -6,6 +6,8 @@
 //!   flushes, IGT's spinners with conditional batch ends, fences through the aperture, the RPS
 //!   range, timestamps, module unbind and rebind), each of which must pass
 //!   (`scripts/igt/run.sh`, one line per subtest);
+//! - a few display subtests (`kms_addfb_basic`, `kms_flip@basic-plain-flip`, from the testlist's
+//!   kms_* lines: `scripts/igt/run.sh --list kms`) on the vGPU's virtual monitor;
 //! - `gem_exec_parallel@engines` (tens of seconds of GPU work from many contexts on every engine,
 //!   each value checked by the test) across a live migration to a `gmig serve` in another host
 //!   slot, started a few seconds into the test: it passes on the destination; the control
@@ -84,13 +86,21 @@ const SUBSET: &[&str] = &[
     "igt@core_hotunplug@unbind-rebind",
 ];
 
-#[test]
-fn a_subset_of_igts_fast_feedback_list_passes_on_the_vgpu() {
-    let _one = one_at_a_time();
-    if !sources_present() {
-        return;
-    }
-    let regex = SUBSET
+/// The display subset CI runs (`scripts/igt/run.sh --list kms`): framebuffers of each kind i915
+/// takes and refuses, and a page flip on the vGPU's monitor; all expected to pass.
+const KMS_SUBSET: &[&str] = &[
+    "igt@kms_addfb_basic@basic",
+    "igt@kms_addfb_basic@addfb25-x-tiled-legacy",
+    "igt@kms_addfb_basic@bad-pitch-999",
+    "igt@kms_addfb_basic@size-max",
+    "igt@kms_addfb_basic@too-high",
+    "igt@kms_flip@basic-plain-flip",
+];
+
+/// Runs `scripts/igt/run.sh ARGS` for exactly the subtests of `subset` and asserts that each
+/// ran once and passed.
+fn subset_passes(args: &[&str], subset: &[&str]) {
+    let regex = subset
         .iter()
         .map(|n| format!("^{n}$"))
         .collect::<Vec<_>>()
@@ -98,13 +108,15 @@ fn a_subset_of_igts_fast_feedback_list_passes_on_the_vgpu() {
     let dir = tempfile::tempdir().unwrap();
     let details = dir.path().join("details.txt");
     let t = Instant::now();
-    let (stdout, stderr, _) = run_sh(&[
+    let mut a = args.to_vec();
+    a.extend([
         "--timeout",
         "180",
         "--details",
         details.to_str().unwrap(),
         &regex,
     ]);
+    let (stdout, stderr, _) = run_sh(&a);
     let details = std::fs::read_to_string(&details).unwrap_or_default();
     eprintln!(
         "{stdout}{}\n(in {:.0} s)",
@@ -113,13 +125,33 @@ fn a_subset_of_igts_fast_feedback_list_passes_on_the_vgpu() {
     );
     let results: Vec<(&str, &str)> = stdout.lines().filter_map(|l| l.rsplit_once(": ")).collect();
     let names: Vec<&str> = results.iter().map(|(n, _)| *n).collect();
-    let mut want: Vec<&str> = SUBSET.to_vec();
+    let mut want: Vec<&str> = subset.to_vec();
     want.sort_unstable();
     let mut got = names.clone();
     got.sort_unstable();
     assert_eq!(got, want, "the subtests run:\n{stderr}");
     let bad: Vec<_> = results.iter().filter(|(_, r)| *r != "pass").collect();
     assert!(bad.is_empty(), "not passing: {bad:?}\n{details}\n{stderr}");
+}
+
+#[test]
+fn a_subset_of_igts_fast_feedback_list_passes_on_the_vgpu() {
+    let _one = one_at_a_time();
+    if !sources_present() {
+        return;
+    }
+    subset_passes(&[], SUBSET);
+}
+
+/// IGT's display tests on the vGPU's virtual monitor (DP, EDID mode 1024x768): i915 takes and
+/// refuses framebuffers as on hardware, and a page flip completes with its event.
+#[test]
+fn igts_basic_kms_tests_pass_on_the_vgpus_monitor() {
+    let _one = one_at_a_time();
+    if !sources_present() {
+        return;
+    }
+    subset_passes(&["--list", "kms"], KMS_SUBSET);
 }
 
 /// The guest of `scripts/igt/run.sh --prepare-only` for the subtests `regex` selects, kept in
