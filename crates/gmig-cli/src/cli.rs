@@ -440,6 +440,18 @@ pub struct BenchCommonArgs {
     /// Run the destination on these CPUs (e.g. `8-15`); see `--source-cpus`.
     #[arg(long, requires = "source_cpus")]
     pub dest_cpus: Option<String>,
+    /// The guest runs a frame after every 8 pre-copy batches of the engine (exactly
+    /// reproducible; it draws only while the engine sends) instead of on its own clock.
+    #[arg(long, conflicts_with = "guest_fps")]
+    pub batch_stepped: bool,
+    /// The clocked guest's frame rate: frames per second, or `max` (as fast as the vGPU runs
+    /// them). Default: 60 for idle and desktop, `max` for 3d, video and compute.
+    #[arg(long, value_name = "FPS|max")]
+    pub guest_fps: Option<String>,
+    /// Skip checking each migrated guest against an unmigrated run of as many frames (the
+    /// check runs after the timed part, but it boots a second guest and replays its frames).
+    #[arg(long)]
+    pub no_check: bool,
     /// Write JSON, Markdown and SVG plots into this directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -590,6 +602,10 @@ pub struct DemoArgs {
     /// Skip the real KVM guest (run only the simulated one).
     #[arg(long)]
     pub no_vm: bool,
+    /// The simulated guest runs a frame after every 8 pre-copy batches of the engine (exactly
+    /// reproducible) instead of on its own clock at 60 fps.
+    #[arg(long)]
+    pub batch_stepped: bool,
 }
 
 /// The stop's drain from `--max-drain` and `--max-drain-ms` (`None` for either: `default`'s).
