@@ -32,6 +32,7 @@
 //! to two disjoint sets of cores, as two hosts would have; the loopback probe's reader runs on
 //! the destination's cores too. Each repetition reads the affinity back ([`Affinity`]).
 
+pub mod evacuate;
 pub mod pin;
 
 use std::net::SocketAddr;
