@@ -537,7 +537,7 @@ pub struct BenchEvacuateArgs {
     #[arg(long, default_value_t = 512)]
     pub ram_mib: u64,
     /// Frames each guest renders before it halts.
-    #[arg(long, default_value_t = 96)]
+    #[arg(long, default_value_t = 48)]
     pub frames: u32,
     /// The migrations start once every guest has completed this many frames.
     #[arg(long, default_value_t = 16)]
@@ -551,8 +551,9 @@ pub struct BenchEvacuateArgs {
     /// Framebuffer height.
     #[arg(long, default_value_t = 192)]
     pub height: u32,
-    /// Guest exits between two pre-copy rounds.
-    #[arg(long, default_value_t = 64)]
+    /// Guest exits between two pre-copy rounds (with at most 8 rounds, about 8 frames of the
+    /// guest's run at 16: the guest keeps some of its run for its destination).
+    #[arg(long, default_value_t = 16)]
     pub round_exits: u64,
     /// Seed of the first guest (VM i uses seed + i).
     #[arg(long, default_value_t = 1)]

@@ -61,6 +61,7 @@ fn two_vms_evacuated_at_once_are_identical_to_their_unmigrated_runs() {
     let r = &rows[0];
     assert_eq!(u(r, "vms"), 2);
     assert_eq!(r["identical"], true, "{r}");
+    assert_eq!(u(r, "finished_in_precopy"), 0, "{r}");
     let e = &v["evacuations"][0];
     let each = e["each"].as_array().expect("each VM");
     assert_eq!(each.len(), 2, "{e}");
@@ -74,6 +75,7 @@ fn two_vms_evacuated_at_once_are_identical_to_their_unmigrated_runs() {
         // The switch-over left the destination work: it finished the guest's frames.
         assert!(u(vm, "frames_at_stop") >= 2, "{vm}");
         assert!(u(vm, "destination_frames") > 0, "{vm}");
+        assert_eq!(vm["finished_in_precopy"], false, "{vm}");
         assert_eq!(
             u(vm, "frames_at_stop") + u(vm, "destination_frames"),
             10,

@@ -5,8 +5,10 @@
 //! **The guests.** VM `i` runs the guest GPU driver with seed `seed + i` (so that two VMs'
 //! results differ and a stream delivered to the wrong destination could not pass), its vGPU in
 //! slot `i` of the source host and slot `(i + 1) mod` [`MAX_VMS`] of its destination (another
-//! place in graphics memory, so remapping has work). A 4 GiB GGTT holds 7 vGPUs of the smallest
-//! type, 64+384 MiB (GVT-g offers as many), so an evacuation moves at most [`MAX_VMS`].
+//! place in graphics memory, so remapping has work). The default host (`HostConfig::default`: a
+//! 4 GiB GGTT, 64 MiB of each part kept by the host) places 7 vGPUs of the smallest type, 64+384
+//! MiB, so an evacuation moves at most [`MAX_VMS`]. One set of unmigrated runs ([`Baselines`])
+//! serves every evacuation of a command.
 //!
 //! **The migration.** Each VM migrates on a thread of its own with the VMM's defaults
 //! ([`gmig_vmm::migrate::Options`]: iterative RAM pre-copy until a round is small, the vGPU's
@@ -17,7 +19,7 @@
 //!
 //! **Pinning.** With a [`Pinning`], every source-side thread (the guests before the migration,
 //! their migrations and copiers) runs on the source's cores and every destination thread on the
-//! destination's; the unmigrated runs, before the evacuation, on the source's.
+//! destination's; the unmigrated runs, before the evacuations, on the source's.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -158,6 +160,9 @@ pub struct EvacuatedVm {
     pub frames_at_stop: u64,
     /// See `frames_at_stop`.
     pub destination_frames: u64,
+    /// Its guest had finished all its frames when pre-copy ended (the destination then had
+    /// nothing left to run: its check proves less; give the guests more frames).
+    pub finished_in_precopy: bool,
     /// Its destination finished exactly as its unmigrated run (serial output and RAM).
     pub identical: bool,
 }
@@ -207,14 +212,61 @@ fn gap_ms(m: &Machine) -> anyhow::Result<f64> {
     Ok(m.telemetry()?.max_gap_tsc as f64 / khz)
 }
 
-/// Runs one evacuation: the unmigrated runs first (in parallel), then the N guests to
-/// `at_frame`, then their migrations all at once.
+/// The unmigrated runs the evacuated VMs are checked against: VM `i`'s does not depend on how
+/// many VMs move or over which link, so one set serves every evacuation of a command.
+#[derive(Default)]
+pub struct Baselines {
+    machines: Vec<Machine>,
+    /// What they ran: the guest program (VM 0's seed), guest RAM and VM options.
+    made_for: Option<(GuestConfig, u64, VmOptions)>,
+}
+
+impl Baselines {
+    /// Runs the unmigrated guests `case` needs and this set lacks (in parallel, on the source's
+    /// cores).
+    fn run_up_to(&mut self, case: &EvacuationCase) -> anyhow::Result<()> {
+        let key = (case.guest, case.ram_bytes, case.vm);
+        if self.made_for.is_some_and(|k| k != key) {
+            bail!("baselines made for another guest, RAM size or VM options");
+        }
+        self.made_for = Some(key);
+        let src_cpus = case.pinning.map(|p| p.source);
+        let have = self.machines.len();
+        let more: Vec<Machine> = thread::scope(|s| {
+            let runs: Vec<_> = (have..case.vms)
+                .map(|i| {
+                    let g = guest_of(case, i);
+                    s.spawn(move || -> anyhow::Result<Machine> {
+                        on_cpus(src_cpus)?;
+                        let link = linked_vgpu(EVACUATION_TYPE, i as u32)?;
+                        let mut m = Machine::boot_with(case.ram_bytes, &g, link, &case.vm)?;
+                        if m.run(RUN_TO_END)? != Stop::Halted {
+                            bail!("VM {i}'s unmigrated run did not finish");
+                        }
+                        Ok(m)
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .map(|t| {
+                    t.join()
+                        .map_err(|_| anyhow!("an unmigrated run panicked"))?
+                })
+                .collect::<anyhow::Result<Vec<Machine>>>()
+        })?;
+        self.machines.extend(more);
+        Ok(())
+    }
+}
+
+/// Runs one evacuation: the unmigrated runs `bases` lacks first (in parallel), then the N
+/// guests to `at_frame`, then their migrations all at once.
 ///
 /// # Errors
 /// A bad case (no VM, more than [`MAX_VMS`]), a guest that does not run, or a migration that
-/// fails. A guest that finishes during pre-copy is an error too: its destination would prove
-/// nothing (give the guests more frames).
-pub fn evacuate(case: &EvacuationCase) -> anyhow::Result<Evacuation> {
+/// fails. A guest that finished during pre-copy is not an error: it is reported
+/// ([`EvacuatedVm::finished_in_precopy`]).
+pub fn evacuate(case: &EvacuationCase, bases: &mut Baselines) -> anyhow::Result<Evacuation> {
     let n = case.vms;
     if n == 0 || n > MAX_VMS {
         bail!(
@@ -234,33 +286,8 @@ pub fn evacuate(case: &EvacuationCase) -> anyhow::Result<Evacuation> {
     let dst_cpus = case.pinning.map(|p| p.dest);
     let ram = case.ram_bytes;
 
-    // The unmigrated runs.
-    let bases: Vec<Machine> = thread::scope(|s| {
-        let runs: Vec<_> = (0..n)
-            .map(|i| {
-                let g = guest_of(case, i);
-                s.spawn(move || -> anyhow::Result<Machine> {
-                    on_cpus(src_cpus)?;
-                    let mut m = Machine::boot_with(
-                        ram,
-                        &g,
-                        linked_vgpu(EVACUATION_TYPE, i as u32)?,
-                        &case.vm,
-                    )?;
-                    if m.run(RUN_TO_END)? != Stop::Halted {
-                        bail!("VM {i}'s unmigrated run did not finish");
-                    }
-                    Ok(m)
-                })
-            })
-            .collect();
-        runs.into_iter()
-            .map(|t| {
-                t.join()
-                    .map_err(|_| anyhow!("an unmigrated run panicked"))?
-            })
-            .collect::<anyhow::Result<Vec<Machine>>>()
-    })?;
+    bases.run_up_to(case)?;
+    let bases = &bases.machines[..n];
 
     // The destinations, listening.
     let mut listeners = Vec::with_capacity(n);
@@ -273,7 +300,7 @@ pub fn evacuate(case: &EvacuationCase) -> anyhow::Result<Evacuation> {
     let t0 = Instant::now();
     let results: Vec<anyhow::Result<EvacuatedVm>> = thread::scope(|s| {
         let mut dests = Vec::with_capacity(n);
-        for (i, ((l, _), base)) in listeners.iter().zip(&bases).enumerate() {
+        for (i, ((l, _), base)) in listeners.iter().zip(bases).enumerate() {
             // A guest whose GPU results were lost may wait for ever: three times the unmigrated
             // run's exits is as long as it may take.
             let limit = base.exits.saturating_mul(3);
@@ -314,13 +341,6 @@ pub fn evacuate(case: &EvacuationCase) -> anyhow::Result<Evacuation> {
                 let started = t0.elapsed().as_secs_f64() * 1e3;
                 let rep = migrate_out(&mut m, &g, &mut conn, &opts)?;
                 let ended = t0.elapsed().as_secs_f64() * 1e3;
-                if rep.at_stop.halted {
-                    bail!(
-                        "VM {i}'s guest finished all {} frames during pre-copy: its destination \
-                         would prove nothing (more --frames)",
-                        rep.at_stop.frames
-                    );
-                }
                 Ok((rep, started, ended))
             }));
         }
@@ -337,7 +357,7 @@ pub fn evacuate(case: &EvacuationCase) -> anyhow::Result<Evacuation> {
             .collect();
         src.into_iter()
             .zip(dst)
-            .zip(&bases)
+            .zip(bases)
             .enumerate()
             .map(|(i, ((src, dst), base))| {
                 let (migration, started_ms, ended_ms) =
@@ -355,6 +375,7 @@ pub fn evacuate(case: &EvacuationCase) -> anyhow::Result<Evacuation> {
                     unmigrated_max_gap_ms: gap_ms(base)?,
                     frames_at_stop: migration.at_stop.frames,
                     destination_frames: destination.frames,
+                    finished_in_precopy: migration.at_stop.halted,
                     identical: halted
                         && m.serial_results() == base.serial_results()
                         && m.ram_equals(base)?,
@@ -430,9 +451,11 @@ mod tests {
             vm: VmOptions::default(),
             pinning: None,
         };
-        let e = evacuate(&case).unwrap_err().to_string();
+        let mut bases = Baselines::default();
+        let e = evacuate(&case, &mut bases).unwrap_err().to_string();
         assert!(e.contains("1 to 7"), "{e}");
         let none = EvacuationCase { vms: 0, ..case };
-        assert!(evacuate(&none).is_err());
+        assert!(evacuate(&none, &mut bases).is_err());
+        assert!(bases.machines.is_empty(), "nothing ran");
     }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::bench_matrix::{link_name, median, parse_link};
 use super::bench_report::{command_line, machine, write_out};
-use crate::bench::evacuate::{evacuate as run_one, Evacuation, EvacuationCase, MAX_VMS};
+use crate::bench::evacuate::{evacuate as run_one, Baselines, Evacuation, EvacuationCase, MAX_VMS};
 use crate::bench::{CpuList, Pinning};
 use crate::cli::{BenchEvacuateArgs, DirtyLogArg, OnOff};
 use crate::exit::Failure;
@@ -52,6 +52,9 @@ pub struct EvacuationRow {
     /// The budget for `total_ms`: 1.25 × `link_bound_ms` plus the one-VM evacuation's
     /// total time on the same link (the slowest VM's own convergence); `null` without both.
     pub total_budget_ms: Option<f64>,
+    /// VMs (over all repetitions) whose guest finished during pre-copy, leaving its destination
+    /// nothing to run (more `--frames` avoids it).
+    pub finished_in_precopy: usize,
     /// Every VM of every repetition identical to its unmigrated run.
     pub identical: bool,
 }
@@ -92,6 +95,11 @@ fn row_of(vms: usize, link: Option<f64>, runs: &[Evacuation]) -> EvacuationRow {
         link_share: link.map(|_| per(&|e| e.link_share.unwrap_or(0.0))),
         link_bound_ms: link.map(|_| per(&|e| e.link_bound_ms.unwrap_or(0.0))),
         total_budget_ms: None,
+        finished_in_precopy: runs
+            .iter()
+            .flat_map(|e| &e.each)
+            .filter(|v| v.finished_in_precopy)
+            .count(),
         identical: runs.iter().all(|e| e.identical),
     }
 }
@@ -154,6 +162,7 @@ pub fn evacuate(a: &BenchEvacuateArgs, json: bool) -> Result<(), Failure> {
         vm: super::vm::vm_options(DirtyLogArg::Auto, OnOff::On),
         pinning,
     };
+    let mut bases = Baselines::default();
     let mut rows: Vec<EvacuationRow> = Vec::new();
     let mut raw: Vec<Evacuation> = Vec::new();
     let total = links.len() * counts.len();
@@ -166,7 +175,7 @@ pub fn evacuate(a: &BenchEvacuateArgs, json: bool) -> Result<(), Failure> {
             };
             let mut runs = Vec::with_capacity(a.reps);
             for rep in 0..a.reps {
-                let e = run_one(&case).map_err(|e| {
+                let e = run_one(&case, &mut bases).map_err(|e| {
                     anyhow!(
                         "{vms} VMs, {} (repetition {}): {e:#}",
                         link_name(link),
@@ -190,6 +199,12 @@ pub fn evacuate(a: &BenchEvacuateArgs, json: bool) -> Result<(), Failure> {
                 row.link_share.map_or(String::new(), |s| format!(" ({:.0}% of it)", s * 100.0)),
                 row.identical
             );
+            if row.finished_in_precopy > 0 {
+                eprintln!(
+                    "  warning: {} guest(s) finished during pre-copy, leaving their destinations nothing to run (more --frames)",
+                    row.finished_in_precopy
+                );
+            }
             rows.push(row);
             raw.extend(runs);
         }
@@ -256,7 +271,14 @@ pub fn markdown(rows: &[EvacuationRow]) -> String {
             r.link_used_gbps,
             r.link_share
                 .map_or(String::new(), |x| format!(" ({:.0}%)", x * 100.0)),
-            r.identical
+            if r.finished_in_precopy > 0 {
+                format!(
+                    "{} ({} finished in pre-copy)",
+                    r.identical, r.finished_in_precopy
+                )
+            } else {
+                r.identical.to_string()
+            }
         );
     }
     s
