@@ -208,7 +208,11 @@ fn demo_reports_an_identical_migration() {
     assert_eq!(v["clock"]["clocked"]["fps"], 60.0, "{v}");
     let at_stop = v["frames_at_stop"].as_u64().unwrap();
     assert!(at_stop >= 5, "{v}");
-    assert_eq!(v["steps_during_precopy"].as_u64().unwrap(), at_stop - 5, "{v}");
+    assert_eq!(
+        v["steps_during_precopy"].as_u64().unwrap(),
+        at_stop - 5,
+        "{v}"
+    );
 }
 
 #[test]
