@@ -40,9 +40,9 @@ fn vm_err(what: &str, e: impl std::fmt::Display) -> VmError {
     VmError(format!("{what}: {e}"))
 }
 
-/// GPU commands one [`MigratableVm::run_device_piece`] runs at most: small enough that a stop
-/// waits for a few commands, not for a frame's work.
-pub const DEVICE_PIECE_COMMANDS: u64 = 4;
+/// GPU commands one [`MigratableVm::run_device_piece`] runs at most: one, so that a stop waits
+/// for the command running (a GPU preempts at a command boundary), not for a frame's work.
+pub const DEVICE_PIECE_COMMANDS: u64 = 1;
 
 /// The wire name of a GPU generation.
 pub fn generation_of(gen: Gen) -> GpuGeneration {
@@ -269,9 +269,9 @@ impl MigratableVm for VgpuVm {
     }
 
     fn run_device_piece(&mut self) -> Result<bool, VmError> {
-        // The GPU works through the submitted frames a few commands at a time (as `step`'s wait
-        // would all at once, in the same order); a stop between two pieces finds a workload
-        // part-way and preempts it there. Nothing runs while the vGPU is paused.
+        // The GPU works through the submitted frames a command at a time (as `step`'s wait would
+        // all at once, in the same order); a stop between two pieces finds a workload part-way
+        // and preempts it there. Nothing runs while the vGPU is paused.
         if !self.vgpu.is_accepting() || self.vgpu.queue.is_empty() {
             return Ok(false);
         }
