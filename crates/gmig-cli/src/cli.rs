@@ -366,6 +366,11 @@ pub enum BenchWhat {
     /// migrated by the VMM through KVM's dirty log and the vGPU's DMA log, separate from the
     /// vGPU's own stream. Profiles × guest RAM sizes × link speeds × repetitions.
     Vm(BenchVmArgs),
+    /// Host evacuation: N whole KVM guests (needs /dev/kvm), each with its vGPU in its own slot,
+    /// migrated at once to N destinations over one shared link; each VM's downtime and largest
+    /// gap, the evacuation's total time and the link's use, and every VM checked against its
+    /// unmigrated run.
+    Evacuate(BenchEvacuateArgs),
 }
 
 /// Knobs shared by `gmig bench migrate` and `gmig bench paper`.
@@ -440,6 +445,18 @@ pub struct BenchCommonArgs {
     /// Run the destination on these CPUs (e.g. `8-15`); see `--source-cpus`.
     #[arg(long, requires = "source_cpus")]
     pub dest_cpus: Option<String>,
+    /// The guest runs a frame after every 8 pre-copy batches of the engine (exactly
+    /// reproducible; it draws only while the engine sends) instead of on its own clock.
+    #[arg(long, conflicts_with = "guest_fps")]
+    pub batch_stepped: bool,
+    /// The clocked guest's frame rate: frames per second, or `max` (as fast as the vGPU runs
+    /// them). Default: 60 for idle and desktop, `max` for 3d, video and compute.
+    #[arg(long, value_name = "FPS|max")]
+    pub guest_fps: Option<String>,
+    /// Skip checking each migrated guest against an unmigrated run of as many frames (the
+    /// check runs after the timed part, but it boots a second guest and replays its frames).
+    #[arg(long)]
+    pub no_check: bool,
     /// Write JSON, Markdown and SVG plots into this directory.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -503,6 +520,58 @@ pub struct BenchVmArgs {
     /// `gmig_vmm::migrate::Options::overlap_stop` saves).
     #[arg(long = "x-no-overlap-stop", hide = true)]
     pub x_no_overlap_stop: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchEvacuateArgs {
+    /// VMs moved at once, one evacuation per count (comma-separated, 1 to 7; default 1,2,4,7).
+    #[arg(long, value_delimiter = ',')]
+    pub vms: Vec<usize>,
+    /// The shared link: `unlimited` or Gbit/s (comma-separated; default 10,unlimited).
+    #[arg(long, value_delimiter = ',')]
+    pub links: Vec<String>,
+    /// Evacuations per VM count and link.
+    #[arg(long, default_value_t = 1)]
+    pub reps: usize,
+    /// Guest RAM of each VM, MiB.
+    #[arg(long, default_value_t = 512)]
+    pub ram_mib: u64,
+    /// Frames each guest renders before it halts.
+    #[arg(long, default_value_t = 48)]
+    pub frames: u32,
+    /// The migrations start once every guest has completed this many frames.
+    #[arg(long, default_value_t = 16)]
+    pub at_frame: u64,
+    /// Pages of ordinary guest RAM each guest's CPU rewrites every frame.
+    #[arg(long, default_value_t = 64)]
+    pub scratch_pages: u32,
+    /// Framebuffer width.
+    #[arg(long, default_value_t = 256)]
+    pub width: u32,
+    /// Framebuffer height.
+    #[arg(long, default_value_t = 192)]
+    pub height: u32,
+    /// Guest exits between two pre-copy rounds (with at most 8 rounds, about 8 frames of the
+    /// guest's run at 16: the guest keeps some of its run for its destination).
+    #[arg(long, default_value_t = 16)]
+    pub round_exits: u64,
+    /// Seed of the first guest (VM i uses seed + i).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Run the sources on these CPUs (e.g. `0-7`), as on a host of their own; with
+    /// `--dest-cpus`, disjoint from it.
+    #[arg(long, requires = "dest_cpus")]
+    pub source_cpus: Option<String>,
+    /// Run the destinations on these CPUs (e.g. `8-15`).
+    #[arg(long, requires = "source_cpus")]
+    pub dest_cpus: Option<String>,
+    /// Write JSON and Markdown (evacuate.json, evacuate.md) into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Negative control: RAM pre-copy reads KVM's dirty log only, not the vGPU's DMA log (the
+    /// pages the vGPUs wrote are missed and the guests differ from their unmigrated runs).
+    #[arg(long = "x-no-gpu-dirty", hide = true)]
+    pub x_no_gpu_dirty: bool,
 }
 
 #[derive(Debug, Args)]
@@ -590,6 +659,10 @@ pub struct DemoArgs {
     /// Skip the real KVM guest (run only the simulated one).
     #[arg(long)]
     pub no_vm: bool,
+    /// The simulated guest runs a frame after every 8 pre-copy batches of the engine (exactly
+    /// reproducible) instead of on its own clock at 60 fps.
+    #[arg(long)]
+    pub batch_stepped: bool,
 }
 
 /// The stop's drain from `--max-drain` and `--max-drain-ms` (`None` for either: `default`'s).

@@ -98,8 +98,11 @@ fn tiny_matrix_json_is_complete_and_consistent() {
         assert!(gtt > 0 && gtt <= (24 << 20) / 4096, "{r}");
         assert_eq!(u(r, "reps"), 2);
         assert_eq!(r["downtime_samples_ms"].as_array().unwrap().len(), 2);
-        // Two repetitions sample two frame phases, half a frame apart.
-        assert_eq!(r["frame_phases"], serde_json::json!([0, 4]), "{r}");
+        // The guest draws on its own clock (desktop: 60 fps), so there are no frame phases to
+        // sample, and each repetition's destination equals an unmigrated run of as many frames.
+        assert_eq!(r["guest_clock"], "60 fps", "{r}");
+        assert_eq!(r["frame_phases"], serde_json::json!([]), "{r}");
+        assert_eq!(r["identical"], true, "{r}");
         let (p50, p95, max) = (
             f(r, &["downtime_ms", "p50"]),
             f(r, &["downtime_ms", "p95"]),
@@ -204,7 +207,8 @@ fn tiny_matrix_json_is_complete_and_consistent() {
 /// `--max-drain` and `--max-drain-ms` reach the engine: two workloads may finish, but with no
 /// time for it the stop completes none (it preempts at once); without the time bound it
 /// completes some. `--verify-rounds 1` verifies once. `--gpu-ahead` runs part of each frame on submission, so the stop finds work
-/// part-way.
+/// part-way. The guest is batch-stepped (`--batch-stepped`), so the stop always finds the last
+/// frame in flight.
 #[test]
 fn max_drain_and_its_time_bound_reach_the_engine() {
     let run = |extra: &[&str]| {
@@ -221,6 +225,7 @@ fn max_drain_and_its_time_bound_reach_the_engine() {
             "1",
             "--gpu-ahead",
             "3",
+            "--batch-stepped",
         ];
         args.extend(extra);
         args.extend(TINY);
@@ -228,6 +233,9 @@ fn max_drain_and_its_time_bound_reach_the_engine() {
         let rows = v["rows"].as_array().expect("rows").clone();
         assert_eq!(rows.len(), 1, "{v}");
         assert_eq!(u(&rows[0], "gpu_ahead"), 3, "{v}");
+        assert_eq!(rows[0]["guest_clock"], "1 frame / 8 batches", "{v}");
+        assert_eq!(rows[0]["frame_phases"], serde_json::json!([0]), "{v}");
+        assert_eq!(rows[0]["identical"], true, "{v}");
         rows[0].clone()
     };
     let bounded = run(&[
@@ -281,6 +289,9 @@ fn bad_filters_are_usage_errors() {
         &["--types", "1+1"][..],
         &["--links", "0"][..],
         &["--reps", "0"][..],
+        &["--guest-fps", "0"][..],
+        &["--guest-fps", "fast"][..],
+        &["--guest-fps", "60", "--batch-stepped"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_gmig"))
             .args(["bench", "migrate", "--profiles", "idle"])

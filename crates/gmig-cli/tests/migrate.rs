@@ -204,6 +204,15 @@ fn demo_reports_an_identical_migration() {
         assert!(v[k].is_number(), "{k} missing: {v}");
     }
     assert!(v["pages_stop_copy"].as_u64().unwrap() < v["pages_precopy"].as_u64().unwrap() / 5);
+    // The guest drew on its own clock (60 fps), from the five frames it ran before.
+    assert_eq!(v["clock"]["clocked"]["fps"], 60.0, "{v}");
+    let at_stop = v["frames_at_stop"].as_u64().unwrap();
+    assert!(at_stop >= 5, "{v}");
+    assert_eq!(
+        v["steps_during_precopy"].as_u64().unwrap(),
+        at_stop - 5,
+        "{v}"
+    );
 }
 
 #[test]

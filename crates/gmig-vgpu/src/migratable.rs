@@ -40,6 +40,10 @@ fn vm_err(what: &str, e: impl std::fmt::Display) -> VmError {
     VmError(format!("{what}: {e}"))
 }
 
+/// GPU commands one [`MigratableVm::run_device_piece`] runs at most: one, so that a stop waits
+/// for the command running (a GPU preempts at a command boundary), not for a frame's work.
+pub const DEVICE_PIECE_COMMANDS: u64 = 1;
+
 /// The wire name of a GPU generation.
 pub fn generation_of(gen: Gen) -> GpuGeneration {
     match gen {
@@ -262,6 +266,17 @@ impl MigratableVm for VgpuVm {
             self.vgpu.advance(self.gpu_ahead);
         }
         Ok(())
+    }
+
+    fn run_device_piece(&mut self) -> Result<bool, VmError> {
+        // The GPU works through the submitted frames a command at a time (as `step`'s wait would
+        // all at once, in the same order); a stop between two pieces finds a workload part-way
+        // and preempts it there. Nothing runs while the vGPU is paused.
+        if !self.vgpu.is_accepting() || self.vgpu.queue.is_empty() {
+            return Ok(false);
+        }
+        let ran = self.vgpu.advance(DEVICE_PIECE_COMMANDS);
+        Ok(ran > 0 && !self.vgpu.queue.is_empty())
     }
 
     fn start_write_tracking(&mut self) {

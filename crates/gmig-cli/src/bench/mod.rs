@@ -32,6 +32,7 @@
 //! to two disjoint sets of cores, as two hosts would have; the loopback probe's reader runs on
 //! the destination's cores too. Each repetition reads the affinity back ([`Affinity`]).
 
+pub mod evacuate;
 pub mod pin;
 
 use std::net::SocketAddr;
@@ -42,12 +43,14 @@ use gmig_cmdparser::Gen;
 use gmig_dirty::{GuestPages, Hasher};
 
 use gmig_core::migration::{
-    migrate_destination, migrate_source, source_handle, DestPhases, MigratableVm, MigrationConfig,
-    MigrationError, MigrationReport, Policy, VmError,
+    migrate_destination, migrate_source, source_handle, ClockedVm, DestPhases, MigratableVm,
+    MigrationConfig, MigrationError, MigrationReport, Policy, VmError,
 };
 use gmig_core::transport::{Connection, Endpoint, Throttled, TransportError};
+use gmig_vgpu::compare::compare_guest_visible;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType, PAGE_SIZE};
 use gmig_vgpu::migratable::{VgpuFactory, VgpuVm};
+pub use gmig_vgpu::scenario::GuestClock;
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 pub use pin::{Affinity, CpuList, Pinning};
 
@@ -110,10 +113,12 @@ pub struct BenchCase {
     pub hash_threads: usize,
     /// Source and destination on disjoint cores (`None`: wherever the scheduler puts them).
     pub pinning: Option<Pinning>,
-    /// The guest runs one frame after every this many pre-copy batches.
-    pub step_every_batches: u64,
-    /// Shifts those frames by this many batches (`MigrationConfig::step_phase`); the matrix
-    /// varies it between repetitions ([`frame_phase`]).
+    /// How the guest's frames are timed during the migration: on its own clock (the default,
+    /// [`GuestClock::for_profile`]) or one frame after every N pre-copy batches.
+    pub clock: GuestClock,
+    /// Batch-stepped only: shifts the frames by this many batches
+    /// (`MigrationConfig::step_phase`); the matrix varies it between repetitions
+    /// ([`frame_phase`]).
     pub step_phase: u64,
     /// Guest RAM override in bytes (`None`: the vGPU type's graphics-memory size). Tests use
     /// small guests.
@@ -134,6 +139,9 @@ pub struct BenchCase {
     /// Commands of each frame the engines run as soon as it is submitted
     /// ([`VgpuVm::with_gpu_ahead`]): with it a stop finds a workload part-way.
     pub gpu_ahead: u64,
+    /// After the migration, let the destination finish the guest's frames and compare its
+    /// guest-visible state with an unmigrated run of as many frames (outside the timed part).
+    pub check: bool,
 }
 
 /// The share of a vGPU type's graphics memory the bench guest keeps resident (mapped and filled,
@@ -145,8 +153,8 @@ pub const RESIDENT_PERCENT: u64 = 25;
 
 impl BenchCase {
     /// A case with the defaults `gmig bench` uses: seed 1, 4 warm-up frames, the default
-    /// (1024×768) workload, all cores hashing, one frame per 8 pre-copy batches (8 MiB of
-    /// pages sent per frame).
+    /// (1024×768) workload, all cores hashing, the guest on its own clock at the profile's
+    /// rate ([`gmig_vgpu::scenario::default_fps`]), the result checked.
     pub fn new(profile: Profile, ty: VgpuType, policy: Policy, link_gbps: Option<f64>) -> Self {
         Self {
             profile,
@@ -161,7 +169,7 @@ impl BenchCase {
             },
             hash_threads: 0,
             pinning: None,
-            step_every_batches: 8,
+            clock: GuestClock::for_profile(profile),
             step_phase: 0,
             ram_bytes: None,
             switchover_ack: true,
@@ -170,6 +178,7 @@ impl BenchCase {
             max_drain: None,
             touch_memory: true,
             gpu_ahead: 0,
+            check: true,
         }
     }
 
@@ -208,6 +217,11 @@ pub struct BenchSample {
     /// With a pinning: the CPUs the source's and the destination's threads were bound to, read
     /// back from the kernel in each.
     pub affinity: Option<Affinity>,
+    /// Frames the guest ran during pre-copy (on its own clock, or stepped by the engine).
+    pub precopy_frames: u64,
+    /// With [`BenchCase::check`]: the destination, run on to the end of the guest's frames,
+    /// equals an unmigrated run of as many frames.
+    pub identical: Option<bool>,
 }
 
 /// The lower bound on downtime for `stop_copy_bytes` over a link of `link_gbps` (unlimited when
@@ -361,7 +375,7 @@ pub fn migration_config(case: &BenchCase) -> MigrationConfig {
         (0, None) => gmig_core::migration::hash_threads_leaving(2),
         (n, _) => n,
     };
-    cfg.step_every_batches = case.step_every_batches;
+    cfg.step_every_batches = case.clock.step_every_batches();
     cfg.step_phase = case.step_phase;
     cfg.timeout = Duration::from_secs(120);
     cfg.switchover_ack = case.switchover_ack;
@@ -445,16 +459,30 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         };
         Ok::<_, BenchError>((migrate_destination(factory, b, &dcfg), affinity))
     });
-    let mut handle = source_handle(vm, &cfg)?;
-    let report = match case.link_gbps {
-        Some(g) => migrate_source(&mut handle, Throttled::new(a, g)?, &cfg, &mut |_| {}),
-        None => migrate_source(&mut handle, a, &cfg, &mut |_| {}),
+    let conn: Box<dyn Connection> = match case.link_gbps {
+        Some(g) => Box::new(Throttled::new(a, g)?),
+        None => a,
+    };
+    let (report, src) = match case.clock {
+        GuestClock::Batches(_) => migrate_vm(vm, conn, &cfg)?,
+        GuestClock::Clocked { .. } => {
+            let clocked = ClockedVm::start(vm, case.clock.interval())?;
+            let (mut report, clocked) = migrate_vm(clocked, conn, &cfg)?;
+            if let Ok(r) = report.as_mut() {
+                r.steps_during_precopy = clocked.frames();
+            }
+            (report, clocked.stop()?)
+        }
     };
     let (dest, dest_affinity) = dest.join().map_err(|_| BenchError::DestinationPanicked)??;
     let report = report?;
     let (moved, dest) = dest?;
-    drop(moved);
-
+    let identical = if case.check {
+        Some(check_against_unmigrated(case, s, src, moved)?)
+    } else {
+        drop(moved);
+        None
+    };
     let (bound_link_ms, bound_hash_ms) = lower_bound_ms(
         report.bytes_stop_copy,
         case.link_gbps.or(Some(loopback_gbps)),
@@ -462,7 +490,6 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         read_gbps,
     );
     Ok(BenchSample {
-        report,
         read_gbps,
         loopback_gbps,
         bound_link_ms,
@@ -474,7 +501,52 @@ pub fn run_case(case: &BenchCase) -> Result<BenchSample> {
         affinity: source_affinity
             .zip(dest_affinity)
             .map(|(source, dest)| Affinity { source, dest }),
+        precopy_frames: report.steps_during_precopy,
+        report,
+        identical,
     })
+}
+
+/// Migrates `vm` over `conn` and gives back the source's copy (stopped) with the result.
+fn migrate_vm<V: MigratableVm + 'static>(
+    vm: V,
+    conn: Box<dyn Connection>,
+    cfg: &MigrationConfig,
+) -> Result<(std::result::Result<MigrationReport, MigrationError>, V)> {
+    let mut handle = source_handle(vm, cfg)?;
+    let r = migrate_source(&mut handle, conn, cfg, &mut |_| {});
+    Ok((r, handle.into_device().into_vm()))
+}
+
+/// The destination, given the source's guest driver, finishes the frames the guest had
+/// submitted; then an unmigrated guest booted like the source runs as many frames, and the two
+/// must be identical to the guest. (The workload is deterministic per frame, so however many
+/// frames a clocked guest ran before the stop, the unmigrated run of that many frames is the
+/// reference.)
+fn check_against_unmigrated(
+    case: &BenchCase,
+    slices: VgpuSlices,
+    mut src: VgpuVm,
+    mut moved: VgpuVm,
+) -> Result<bool> {
+    let driver = src
+        .take_driver()
+        .ok_or_else(|| VmError("the source lost its guest driver".into()))?;
+    drop(src);
+    moved.attach_driver(driver);
+    moved.finish()?;
+    let mut reference = VgpuVm::boot(
+        case.ty,
+        slices,
+        case.guest_bytes(),
+        case.profile,
+        case.workload,
+        case.seed,
+    )?;
+    reference.run_steps(moved.frames())?;
+    reference.finish()?;
+    Ok(reference.frames() == moved.frames()
+        && compare_guest_visible(reference.vgpu(), moved.vgpu()).is_identical())
 }
 
 /// Percentiles of a set of times.
@@ -581,6 +653,8 @@ mod tests {
         assert!(s.bound_link_ms > 0.0 && s.bound_ms >= s.bound_link_ms);
         assert!(r.bytes_stop_copy > 0);
         assert_eq!(s.loopback_gbps, 0.0, "a paced link is not probed");
+        assert_eq!(case.clock, GuestClock::Clocked { fps: Some(60.0) });
+        assert_eq!(s.identical, Some(true), "the migrated guest differs: {s:?}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub fn run(args: &BenchArgs, json: bool) -> Result<(), Failure> {
         BenchWhat::Migrate(a) => super::bench_migrate::migrate(a, json),
         BenchWhat::Paper(a) => super::bench_paper::paper(a, json),
         BenchWhat::Vm(a) => super::bench_vm::vm(a, json),
+        BenchWhat::Evacuate(a) => super::bench_evacuate::evacuate(a, json),
     }
 }
 

@@ -8,7 +8,8 @@ use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{
-    frame_phase, migration_config, run_case, BenchCase, BenchSample, CpuList, Pinning, Summary,
+    frame_phase, migration_config, run_case, BenchCase, BenchSample, CpuList, GuestClock, Pinning,
+    Summary,
 };
 use crate::cli::BenchCommonArgs;
 use crate::cmd::migrate::profile_of;
@@ -43,6 +44,22 @@ pub(crate) fn parse_link(s: &str) -> anyhow::Result<Option<f64>> {
         bail!("link speed `{s}` must be a positive number of Gbit/s");
     }
     Ok(Some(g))
+}
+
+/// `--guest-fps`: a positive number of frames per second, or `max` (`None`: as fast as the
+/// vGPU goes).
+pub(crate) fn parse_fps(s: &str) -> anyhow::Result<Option<f64>> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("max") {
+        return Ok(None);
+    }
+    let f: f64 = t
+        .parse()
+        .with_context(|| format!("--guest-fps `{s}`: expected frames per second or `max`"))?;
+    if !(f.is_finite() && f > 0.0 && f <= 100_000.0) {
+        bail!("--guest-fps `{s}` must be more than 0 and at most 100000 frames per second");
+    }
+    Ok(Some(f))
 }
 
 /// `1080p`, `1440p`, `4k` or `WIDTHxHEIGHT`.
@@ -106,6 +123,13 @@ pub(crate) struct Matrix {
     pub(crate) gpu_ahead: u64,
     /// Source and destination on disjoint CPUs (`--source-cpus`, `--dest-cpus`).
     pub(crate) pinning: Option<Pinning>,
+    /// The guest stepped by the engine, a frame every 8 pre-copy batches (`--batch-stepped`).
+    pub(crate) batch_stepped: bool,
+    /// The clocked guest's rate for every profile (`--guest-fps`; `Some(None)`: `max`); `None`:
+    /// each profile's default.
+    pub(crate) guest_fps: Option<Option<f64>>,
+    /// Each migrated guest checked against an unmigrated run (not `--no-check`).
+    pub(crate) check: bool,
     /// Extra (profile, type, policy, link) cases beyond the cross product.
     #[serde(skip)]
     pub(crate) extra: Vec<(Profile, VgpuType, Policy, Option<f64>)>,
@@ -192,6 +216,9 @@ impl Matrix {
             touch_memory: !c.untouched_memory,
             gpu_ahead: c.gpu_ahead,
             pinning,
+            batch_stepped: c.batch_stepped,
+            guest_fps: c.guest_fps.as_deref().map(parse_fps).transpose()?,
+            check: !c.no_check,
             extra: Vec::new(),
         })
     }
@@ -233,6 +260,12 @@ impl Matrix {
         c.touch_memory = self.touch_memory;
         c.gpu_ahead = self.gpu_ahead;
         c.pinning = self.pinning;
+        c.check = self.check;
+        c.clock = match (self.batch_stepped, self.guest_fps) {
+            (true, _) => GuestClock::Batches(8),
+            (false, Some(fps)) => GuestClock::Clocked { fps },
+            (false, None) => GuestClock::for_profile(profile),
+        };
         if self.small_workload {
             c.workload = WorkloadConfig::small();
         }
@@ -281,10 +314,21 @@ pub struct Row {
     /// Commands of each frame the engines ran on submission (`--gpu-ahead`).
     #[serde(default)]
     pub gpu_ahead: u64,
-    /// The guest's frame phase in each repetition (`bench::frame_phase`): where its
-    /// frames fall among the pre-copy batches.
+    /// Batch-stepped guests: the frame phase in each repetition (`bench::frame_phase`), where
+    /// its frames fall among the pre-copy batches (empty for a clocked guest).
     #[serde(default)]
     pub frame_phases: Vec<u64>,
+    /// How the guest's frames were timed: `60 fps`, `max fps` (its own clock), or `1 frame / 8
+    /// batches` (stepped by the engine; rows from before the clocked guest have none).
+    #[serde(default)]
+    pub guest_clock: String,
+    /// Frames the guest ran during pre-copy (median).
+    #[serde(default)]
+    pub precopy_frames: u64,
+    /// Whether every repetition's destination equalled an unmigrated run of as many frames
+    /// (`null`: not checked).
+    #[serde(default)]
+    pub identical: Option<bool>,
     /// Workloads the stop did let finish (median).
     #[serde(default)]
     pub drained_workloads: u64,
@@ -414,9 +458,18 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
         max_drain: drain.workloads,
         max_drain_ms: drain.time.map(|t| t.as_secs_f64() * 1e3),
         gpu_ahead: case.gpu_ahead,
-        frame_phases: (0..samples.len())
-            .map(|r| frame_phase(r, samples.len(), case.step_every_batches))
-            .collect(),
+        frame_phases: match case.clock {
+            GuestClock::Batches(every) => (0..samples.len())
+                .map(|r| frame_phase(r, samples.len(), every))
+                .collect(),
+            GuestClock::Clocked { .. } => Vec::new(),
+        },
+        guest_clock: case.clock.name(),
+        precopy_frames: u(|s| s.precopy_frames),
+        identical: samples
+            .iter()
+            .map(|s| s.identical)
+            .try_fold(true, |all, one| one.map(|i| all && i)),
         drained_workloads: u(|s| s.report.drained_workloads),
         resolution: format!("{}x{}", case.workload.width, case.workload.height),
         downtime_ms,
@@ -458,6 +511,20 @@ fn row_of(case: &BenchCase, samples: &[BenchSample]) -> anyhow::Result<Row> {
     })
 }
 
+/// A check failure when a row's migrated guest differed from its unmigrated run.
+pub(crate) fn check_rows(rows: &[Row]) -> Result<(), crate::exit::Failure> {
+    match rows.iter().find(|r| r.identical == Some(false)) {
+        Some(r) => Err(crate::exit::Failure::Check(format!(
+            "{} {} {} {}: a migrated guest differs from its unmigrated run of as many frames",
+            r.profile,
+            r.vgpu_type,
+            r.policy,
+            link_name(r.link_gbps)
+        ))),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn run_matrix(m: &Matrix) -> anyhow::Result<Vec<Row>> {
     let cases = m.cases();
     let mut rows = Vec::with_capacity(cases.len());
@@ -466,7 +533,7 @@ pub(crate) fn run_matrix(m: &Matrix) -> anyhow::Result<Vec<Row>> {
         let mut samples = Vec::with_capacity(m.reps);
         for rep in 0..m.reps {
             let mut case = case;
-            case.step_phase = frame_phase(rep, m.reps, case.step_every_batches);
+            case.step_phase = frame_phase(rep, m.reps, case.clock.step_every_batches());
             let s = run_case(&case).with_context(|| {
                 format!(
                     "{} {} {} {} (repetition {})",
@@ -481,7 +548,7 @@ pub(crate) fn run_matrix(m: &Matrix) -> anyhow::Result<Vec<Row>> {
         }
         let row = row_of(&case, &samples)?;
         eprintln!(
-            "[{}/{}] {:<8} {:<9} {:<16} {:<10} downtime p50 {:>9.2} ms  ({} pages in downtime)",
+            "[{}/{}] {:<8} {:<9} {:<16} {:<10} downtime p50 {:>9.2} ms  ({} pages in downtime; guest {}, {} frames in pre-copy{})",
             i + 1,
             cases.len(),
             row.profile,
@@ -489,7 +556,14 @@ pub(crate) fn run_matrix(m: &Matrix) -> anyhow::Result<Vec<Row>> {
             row.policy,
             link_name(link),
             row.downtime_ms.p50,
-            row.pages_stop_copy
+            row.pages_stop_copy,
+            row.guest_clock,
+            row.precopy_frames,
+            match row.identical {
+                Some(true) => ", identical to the unmigrated run",
+                Some(false) => ", DIFFERS from the unmigrated run",
+                None => "",
+            }
         );
         rows.push(row);
     }

@@ -6,7 +6,7 @@ use gmig_core::migration::Policy;
 use gmig_vgpu::gm::VgpuType;
 use gmig_vgpu::workload::Profile;
 
-use super::bench_matrix::{run_matrix, Matrix};
+use super::bench_matrix::{check_rows, run_matrix, Matrix};
 use super::bench_plot::{plot_by_policy, plot_by_size};
 use super::bench_report::{
     command_line, compare_policies, judge, machine, markdown_comparison, markdown_table,
@@ -85,5 +85,5 @@ pub fn migrate(args: &BenchMigrateArgs, json: bool) -> Result<(), Failure> {
     } else {
         print!("{md}");
     }
-    Ok(())
+    check_rows(&rows)
 }

@@ -168,5 +168,5 @@ pub fn paper(args: &BenchPaperArgs, json: bool) -> Result<(), Failure> {
     } else {
         print!("{md}");
     }
-    Ok(())
+    super::bench_matrix::check_rows(&rows)
 }

@@ -285,17 +285,19 @@ fn mib(b: u64) -> f64 {
 pub(crate) fn markdown_table(rows: &[Row]) -> String {
     let mut s = String::new();
     s.push_str(
-        "| profile | vGPU | policy | link | downtime p50 / p95 / max (ms) | split: quiesce + transfer + dest (catch-up + tail) + commit (ms) | switch-over wait (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound |\n",
+        "| profile | vGPU | policy | link | guest (pre-copy frames) | downtime p50 / p95 / max (ms) | split: quiesce + transfer + dest (catch-up + tail) + commit (ms) | switch-over wait (ms) | total (ms) | pages pre / stop | MiB pre / stop | re-hashed | verifications | hash (ms) | remap (ms) | read GB/s | bound (ms) | downtime / bound | identical |\n",
     );
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {:.2} / {:.2} / {:.2} | {:.2} + {:.2} + {:.2} ({:.2} + {:.2}) + {:.2} | {:.1} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+            "| {} | {} | {} | {} | {} ({}) | {:.2} / {:.2} / {:.2} | {:.2} + {:.2} + {:.2} ({:.2} + {:.2}) + {:.2} | {:.1} | {:.0} | {} / {} | {:.1} / {:.2} | {}{} | {} | {:.2} | {:.2} | {:.1} | {:.2} | {} | {} |",
             r.profile,
             r.vgpu_type,
             r.policy,
             link_name(r.link_gbps),
+            r.guest_clock,
+            r.precopy_frames,
             r.downtime_ms.p50,
             r.downtime_ms.p95,
             r.downtime_ms.max,
@@ -313,6 +315,7 @@ pub(crate) fn markdown_table(rows: &[Row]) -> String {
             mib(r.bytes_stop_copy),
             r.pages_rehashed,
             if r.widened { " (widened)" } else { "" },
+            r.verify_rounds,
             r.hash_ms,
             r.remap_ms,
             r.read_gbps,
@@ -321,6 +324,11 @@ pub(crate) fn markdown_table(rows: &[Row]) -> String {
                 format!("{:.2}", r.downtime_over_bound)
             } else {
                 "-".into()
+            },
+            match r.identical {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "-",
             },
         );
     }

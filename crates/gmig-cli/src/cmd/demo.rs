@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use gmig_core::migration::Policy;
-use gmig_vgpu::scenario::{run_loopback, Scenario, ScenarioReport};
+use gmig_vgpu::scenario::{run_loopback, GuestClock, Scenario, ScenarioReport};
 
 use gmig_vmm::loopback::{loopback, LoopbackReport};
 use gmig_vmm::migrate::Options;
@@ -27,6 +27,9 @@ pub fn run(args: &DemoArgs, json: bool) -> Result<(), Failure> {
     for policy in policies {
         let mut scenario = Scenario::demo(policy, args.seed);
         scenario.link_gbps = args.link_gbps;
+        if args.batch_stepped {
+            scenario.clock = GuestClock::Batches(8);
+        }
         let (bar, mut progress) = progress_bar(json || args.compare);
         let report = run_loopback(&scenario, &mut progress)
             .with_context(|| format!("demo migration ({})", policy.name()))?;

@@ -105,11 +105,13 @@ fn print_report(r: &MigrationReport) {
 /// Print a scenario report for people.
 pub fn print_human(r: &ScenarioReport) {
     println!(
-        "{} vGPU {} MiB, profile {}, {} frames, link {}",
+        "{} vGPU {} MiB, profile {}, {} frames ({} at the stop; guest clock {}), link {}",
         if r.identical { "✔" } else { "✘" },
         r.vgpu_type,
         r.profile,
         r.frames,
+        r.frames_at_stop,
+        r.clock.name(),
         r.link_gbps
             .map_or("unlimited".to_string(), |g| format!("{g} Gbit/s"))
     );

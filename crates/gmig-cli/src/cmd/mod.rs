@@ -1,6 +1,7 @@
 //! One module per subcommand; `main` dispatches to their `run` functions.
 
 pub mod bench;
+pub mod bench_evacuate;
 pub mod bench_matrix;
 pub mod bench_migrate;
 pub mod bench_paper;

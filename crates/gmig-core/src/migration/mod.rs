@@ -22,6 +22,7 @@
 //! received. After Commit the source never resumes on its own: the vGPU belongs to the
 //! destination (if the Commit was lost too, the stopped source still holds the whole state).
 
+mod clocked;
 mod config;
 mod dest;
 mod engine;
@@ -31,6 +32,7 @@ pub mod synthetic;
 mod vm;
 mod vm_device;
 
+pub use clocked::{ClockedVm, FrameCounter};
 pub use config::{
     hash_threads_leaving, MigrationConfig, MigrationError, MigrationPhase, MigrationReport, Policy,
     Progress, Result,

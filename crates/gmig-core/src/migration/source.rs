@@ -303,10 +303,10 @@ impl<V: MigratableVm> SourceDevice<V> {
         if !matches!(self.phase, Phase::PreCopy) {
             return Err(DeviceError::Failed("verification outside PRE_COPY".into()));
         }
-        let Candidates::Pages(pages) = self.vm.write_candidates() else {
+        // One step: a write lands either in the set hashed now or in the new one.
+        let Candidates::Pages(pages) = self.vm.restart_write_tracking() else {
             return Ok(0);
         };
-        self.vm.start_write_tracking();
         let snap = self
             .snap
             .as_ref()

@@ -79,6 +79,14 @@ pub trait MigratableVm: Send {
     }
     /// Run the guest workload one step (a frame) while it is running.
     fn step(&mut self) -> std::result::Result<(), VmError>;
+    /// One bounded piece of the work the guest has submitted and the device has not finished
+    /// (for a GPU: a few commands of the queued workloads); returns whether any is left. A guest
+    /// on a thread of its own ([`super::ClockedVm`]) runs the device this way between its steps,
+    /// so that the engine (and the stop) wait for one piece, not for a whole frame's work. The
+    /// default runs nothing and says nothing is left: the next [`MigratableVm::step`] runs it.
+    fn run_device_piece(&mut self) -> std::result::Result<bool, VmError> {
+        Ok(false)
+    }
     /// Start recording the candidate set: pages written by executed commands and by the CPU.
     /// Called again, it forgets the set so far and starts a new one (the engine does so once it
     /// has verified the old set before the stop).
@@ -87,6 +95,20 @@ pub trait MigratableVm: Send {
     fn stop_write_tracking(&mut self);
     /// The candidate set since `start_write_tracking`.
     fn write_candidates(&mut self) -> Candidates;
+    /// The candidate set so far and, when it is known, a new one started in the same step, so
+    /// that a write lands in exactly one of the two; an [`Candidates::Unknown`] set is kept as it
+    /// is (the stop must widen). The engine's overlapped verification calls it. The default,
+    /// [`MigratableVm::write_candidates`] then [`MigratableVm::start_write_tracking`], is right
+    /// for a VM whose guest runs only between the engine's calls; one whose guest runs on a
+    /// thread of its own must do both without a write landing in between (see
+    /// [`super::ClockedVm`]).
+    fn restart_write_tracking(&mut self) -> Candidates {
+        let c = self.write_candidates();
+        if matches!(c, Candidates::Pages(_)) {
+            self.start_write_tracking();
+        }
+        c
+    }
     /// Stop accepting submissions and let what `drain` allows of the in-flight work finish,
     /// preempting the rest at a command boundary; it stays queued (and is carried in the device
     /// state). Returns how many workloads finished.
