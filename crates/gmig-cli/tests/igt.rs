@@ -6,8 +6,9 @@
 //!   flushes, IGT's spinners with conditional batch ends, fences through the aperture, the RPS
 //!   range, timestamps, module unbind and rebind), each of which must pass
 //!   (`scripts/igt/run.sh`, one line per subtest);
-//! - a few display subtests (`kms_addfb_basic`, `kms_flip@basic-plain-flip`, from the testlist's
-//!   kms_* lines: `scripts/igt/run.sh --list kms`) on the vGPU's virtual monitor;
+//! - a few display subtests (`kms_addfb_basic`, `kms_flip@basic-plain-flip`, `kms_pipe_crc_basic`,
+//!   from the testlist's kms_* lines: `scripts/igt/run.sh --list kms`) on the vGPU's virtual
+//!   monitor;
 //! - `gem_exec_parallel@engines` (tens of seconds of GPU work from many contexts on every engine,
 //!   each value checked by the test) across a live migration to a `gmig serve` in another host
 //!   slot, started a few seconds into the test: it passes on the destination; the control
@@ -87,7 +88,8 @@ const SUBSET: &[&str] = &[
 ];
 
 /// The display subset CI runs (`scripts/igt/run.sh --list kms`): framebuffers of each kind i915
-/// takes and refuses, and a page flip on the vGPU's monitor; all expected to pass.
+/// takes and refuses, a page flip on the vGPU's monitor, and the pipe CRC (read at each vblank;
+/// equal for one picture drawn two ways); all expected to pass.
 const KMS_SUBSET: &[&str] = &[
     "igt@kms_addfb_basic@basic",
     "igt@kms_addfb_basic@addfb25-x-tiled-legacy",
@@ -95,6 +97,8 @@ const KMS_SUBSET: &[&str] = &[
     "igt@kms_addfb_basic@size-max",
     "igt@kms_addfb_basic@too-high",
     "igt@kms_flip@basic-plain-flip",
+    "igt@kms_pipe_crc_basic@read-crc",
+    "igt@kms_pipe_crc_basic@compare-crc-sanitycheck-xr24",
 ];
 
 /// Runs `scripts/igt/run.sh ARGS` for exactly the subtests of `subset` and asserts that each
@@ -144,7 +148,8 @@ fn a_subset_of_igts_fast_feedback_list_passes_on_the_vgpu() {
 }
 
 /// IGT's display tests on the vGPU's virtual monitor (DP, EDID mode 1024x768): i915 takes and
-/// refuses framebuffers as on hardware, and a page flip completes with its event.
+/// refuses framebuffers as on hardware, a page flip completes with its event, and the pipe CRC
+/// follows the picture.
 #[test]
 fn igts_basic_kms_tests_pass_on_the_vgpus_monitor() {
     let _one = one_at_a_time();

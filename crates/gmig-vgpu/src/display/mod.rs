@@ -2,8 +2,8 @@
 //! Skylake), whose resolution comes from the vGPU type; its AUX channel answering DPCD and
 //! I2C-over-AUX EDID reads ([`aux`], [`edid`]); vblanks at the monitor mode's rate on every
 //! enabled pipe, driven by the vGPU's display clock, which count `PIPE_FRMCOUNT`, complete
-//! flips (`PIPE_FLIPCOUNT`) and raise the DE pipe interrupt; and the scan-out of a pipe's
-//! primary plane ([`plane`]).
+//! flips (`PIPE_FLIPCOUNT`) and raise the DE pipe interrupt; the scan-out of a pipe's
+//! primary plane ([`plane`]); and the pipe CRC of what it scans out ([`crc`]).
 //!
 //! The registers are rows of the register model ([`crate::regs::display`]); this module holds
 //! what their handlers answer and the state that migrates with the vGPU ([`DisplayState`]).
@@ -17,6 +17,7 @@
 //! is deterministic.
 
 pub mod aux;
+pub mod crc;
 pub mod edid;
 pub mod plane;
 pub mod state;
@@ -99,6 +100,10 @@ impl Vgpu {
                 st.flip_pending = false;
                 st.flips = st.flips.wrapping_add(1);
                 events |= PIPE_FLIP_DONE;
+            }
+            if self.pipe_crc_enabled(p) {
+                self.latch_pipe_crc(p);
+                events |= crc::PIPE_CRC_DONE;
             }
             self.raise_de_pipe_irq(p, events);
         }

@@ -306,3 +306,91 @@ fn the_primary_plane_scans_out_linear_and_x_tiled_surfaces_through_the_ggtt() {
         .unwrap();
     assert!(matches!(v.scan_out(0), Err(plane::PlaneError::Memory(_))));
 }
+
+/// The pipe CRC: off, a vblank latches nothing; on, each vblank latches the words of what the
+/// pipe scans out and raises CRC-done; the same picture gives the same words, another picture
+/// other words; a plane that is off sends black.
+#[test]
+fn the_pipe_crc_latches_what_the_pipe_scans_out_at_each_vblank() {
+    use super::crc::{PIPE_CRC_CTL_A, PIPE_CRC_DONE, PIPE_CRC_ENABLE, PIPE_CRC_RES_1_A};
+    let mut v = lone_test_vgpu(1, 4 << 20);
+    let base = v.guest_view().aperture.base.0;
+    for i in 0..8u64 {
+        let pte = ((0x100 + i) << 12) | 1;
+        v.mmio_write64(
+            crate::mmio::GTT_MMIO_BASE + ((base >> 12) + i) as u32 * 8,
+            pte,
+        )
+        .unwrap();
+    }
+    let fill = |v: &Vgpu, val: u32| {
+        use vm_memory::Bytes;
+        let bytes: Vec<u8> = (0..8 * 1024).flat_map(|_| val.to_le_bytes()).collect();
+        v.guest_memory()
+            .write_slice(&bytes, vm_memory::GuestAddress(0x10_0000))
+            .unwrap();
+    };
+    fill(&v, 0x00ff_0000);
+    v.mmio_write32(PLANE_SURF_A, base as u32).unwrap();
+    v.mmio_write32(PLANE_STRIDE_A, 256 / 64).unwrap();
+    v.mmio_write32(PLANE_SIZE_A, (31 << 16) | 63).unwrap();
+    v.mmio_write32(PLANE_CTL_A, (1 << 31) | (4 << 24)).unwrap();
+    v.mmio_write32(PIPE_IMR_A, 0).unwrap();
+    v.mmio_write32(PIPE_IER_A, PIPE_VBLANK | PIPE_CRC_DONE)
+        .unwrap();
+    v.mmio_write32(PIPECONF_A, PIPECONF_ENABLE).unwrap();
+    let period = v.display().frame_period();
+    let words = |v: &Vgpu| -> Vec<u32> {
+        (0..5)
+            .map(|i| v.mmio_read32(PIPE_CRC_RES_1_A + 4 * i).unwrap())
+            .collect()
+    };
+    let mut t = 0;
+    let mut vblank = |v: &mut Vgpu| {
+        v.mmio_write32(DE_PIPE_IIR_A, !0).unwrap();
+        t += period;
+        v.display_tick(t);
+        v.mmio_read32(DE_PIPE_IIR_A).unwrap()
+    };
+    // The pipe is seen on, then the first vblank completes the plane's flip.
+    vblank(&mut v);
+    vblank(&mut v);
+    assert_eq!(vblank(&mut v), PIPE_VBLANK, "CRC off: no CRC-done");
+    assert_eq!(words(&v), vec![0; 5], "CRC off: nothing latched");
+    v.mmio_write32(PIPE_CRC_CTL_A, PIPE_CRC_ENABLE).unwrap();
+    assert_eq!(vblank(&mut v), PIPE_VBLANK | PIPE_CRC_DONE);
+    let red = words(&v);
+    assert_ne!(red, vec![0; 5]);
+    assert_eq!(vblank(&mut v), PIPE_VBLANK | PIPE_CRC_DONE);
+    assert_eq!(words(&v), red, "the same picture, the same words");
+    fill(&v, 0x0000_00ff);
+    vblank(&mut v);
+    let blue = words(&v);
+    assert_ne!(blue, red, "another picture, other words");
+    // The same blue picture X-tiled (64 pixels fit one tile row of 512 bytes): the same words.
+    {
+        use vm_memory::Bytes;
+        let bytes: Vec<u8> = (0..8 * 1024).flat_map(|_| 0xffu32.to_le_bytes()).collect();
+        v.guest_memory()
+            .write_slice(&bytes, vm_memory::GuestAddress(0x10_0000))
+            .unwrap();
+    }
+    v.mmio_write32(PLANE_STRIDE_A, 1).unwrap();
+    v.mmio_write32(PLANE_CTL_A, (1 << 31) | (4 << 24) | (1 << 10))
+        .unwrap();
+    vblank(&mut v);
+    assert_eq!(words(&v), blue, "the same pixels in another tiling");
+    // Plane off: black of the pipe's source size, which differs from both.
+    v.mmio_write32(crate::regs::display::PIPESRC_A, (63 << 16) | 31)
+        .unwrap();
+    v.mmio_write32(PLANE_CTL_A, 0).unwrap();
+    vblank(&mut v);
+    let black = words(&v);
+    assert!(black != red && black != blue);
+    let frame = plane::Frame {
+        width: 64,
+        height: 32,
+        pixels: vec![0; 64 * 32],
+    };
+    assert_eq!(black, super::crc::crc_words(&frame).to_vec());
+}
