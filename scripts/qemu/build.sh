@@ -72,7 +72,7 @@ cache=$cache_root/qemu
 
 configure_flags=(
     --target-list=x86_64-softmmu --enable-kvm --disable-docs --disable-werror
-    --disable-gtk --disable-sdl --disable-vnc --disable-opengl --disable-virglrenderer
+    --disable-gtk --disable-sdl --enable-vnc --disable-opengl --disable-virglrenderer
     --disable-spice --disable-curses --disable-tools --disable-guest-agent --disable-download
     --disable-install-blobs
     # Where Debian's packages put firmware (seabios; qemu-system-data; ipxe-qemu's NIC ROMs such

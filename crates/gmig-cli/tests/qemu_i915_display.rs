@@ -8,22 +8,31 @@
 //! waits for the flip's event; the PNG that `gmig serve --screen` writes from the vGPU's primary
 //! plane then equals the second image, pixel for pixel (both are computed here on their own).
 //!
+//! QEMU shows it too: with `vfio-user-pci,display=on` (gmig's QEMU patch 0006: the plane over
+//! vfio-user as a region-type GFX plane) QMP `screendump` equals the same image, pixel for
+//! pixel; with `display` off (the fbcon test) QEMU has no console to take a screendump from.
+//!
 //! Across a live migration (QEMU with gmig's patches) to a `gmig serve` in another slot, the
-//! destination's screen equals the source's last one, and the guest's next flip appears on it;
-//! with remapping off on the destination, its screen is never the guest's image.
+//! destination's screen (its `--screen` PNG and its QEMU's `screendump`) equals the source's
+//! last one, and the guest's next flip appears on it; with remapping off on the destination,
+//! its screen is never the guest's image. `GMIG_DOCS_SCREENSHOT=PATH` makes the migration test
+//! write the destination's last `screendump` there as PNG (`docs/img/migrated-screen.png`).
 //!
 //! The guest script loads i915, waits for it, prints each DRM connector's status and first mode
 //! (`GMIG-CONN:` lines), runs a program if given, and prints the kernel log (`GMIG-DMESG:`
 //! lines).
 //!
-//! Skips (loudly) only where QEMU's source tarball is not beside the repository
-//! (`../shared/qemu`).
+//! Skips (loudly) where QEMU's source tarball is not beside the repository (`../shared/qemu`);
+//! the `screendump` checks skip loudly where QEMU's `vfio-user-pci` has no `display` property.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gmig_test_support::qemu::pair::Pair;
+use gmig_test_support::qemu::screen::{
+    kms_image, qemu_has_display, screendump, wait_png, write_png, Picture,
+};
 use gmig_test_support::qemu::{
     one_at_a_time, qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec,
 };
@@ -127,15 +136,18 @@ fn tools(dir: &Path) -> Option<Tools> {
 }
 
 /// Boots the guest on a `gmig serve` with `serve_args`, running `prog` (with its arguments,
-/// comma-separated) after the probe; `during` runs while the guest does, with the VM and the
-/// work directory. The console and the server's log.
+/// comma-separated) after the probe, with QEMU's `display=on` if `display` (and QEMU has it);
+/// `during` runs while the guest does, with the VM, the work directory and whether QEMU has the
+/// display property. The console and the server's log.
 fn boot(
     serve_args: &[&str],
     prog: Option<&str>,
-    during: impl FnOnce(&mut Vm, &Path),
+    display: bool,
+    during: impl FnOnce(&mut Vm, &Path, bool),
 ) -> Option<(String, String)> {
     let dir = tempfile::tempdir().unwrap();
     let tools = tools(dir.path())?;
+    let has_display = qemu_has_display(&tools.qemu);
     // `{dir}` in an argument: the work directory.
     let d = dir.path().to_string_lossy().into_owned();
     let mut args: Vec<String> = vec!["--clients".into(), "1".into()];
@@ -149,10 +161,11 @@ fn boot(
     let spec = VmSpec {
         gpus: vec![serve.socket.clone()],
         run: Some(run),
+        display: display && has_display,
         ..VmSpec::default()
     };
     let mut vm = Vm::start(&tools, &spec, dir.path(), "display");
-    during(&mut vm, dir.path());
+    during(&mut vm, dir.path(), has_display);
     let console = vm.run_to_poweroff(Duration::from_secs(900), &serve);
     let _ = serve.child.wait();
     Some((console, serve.log_text()))
@@ -195,9 +208,27 @@ fn assert_clean(console: &str) {
 #[test]
 fn linux_i915_lights_the_virtual_monitor_and_fbcon_comes_up() {
     let _one = one_at_a_time();
-    let Some((console, server)) = boot(&[], None, |_, _| {}) else {
+    // The control of QEMU's display: with `display` off (QEMU's default) QEMU has no console
+    // to take a screendump from while the guest's console is up.
+    let mut dump = None;
+    let Some((console, server)) = boot(&[], None, false, |vm, dir, has_display| {
+        if has_display {
+            let up = vm.wait_for(Duration::from_secs(300), |l| {
+                l.trim_end_matches('\r') == "GMIG-I915: modprobe exit 0"
+            });
+            assert!(up, "i915 did not load:\n{}", vm.console());
+            dump = Some(screendump(vm, &dir.join("off.ppm")));
+        }
+    }) else {
         return;
     };
+    if let Some(dump) = dump {
+        let err = dump.expect_err("a screendump without display=on");
+        assert!(
+            err.contains("There is no console to take a screendump from"),
+            "{err}"
+        );
+    }
     let log = kernel_log(&console);
     assert!(
         lines(&console, "GMIG-I915: ").contains(&"modprobe exit 0"),
@@ -236,7 +267,7 @@ fn linux_i915_lights_the_virtual_monitor_and_fbcon_comes_up() {
 #[test]
 fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
     let _one = one_at_a_time();
-    let Some((console, _)) = boot(&["--x-no-monitor"], None, |_, _| {}) else {
+    let Some((console, _)) = boot(&["--x-no-monitor"], None, false, |_, _, _| {}) else {
         return;
     };
     let log = kernel_log(&console);
@@ -255,49 +286,17 @@ fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
     assert!(lines(&console, "GMIG-FB: ").is_empty());
 }
 
-/// `gmig-kms-draw`'s image `k` at `w` x `h`, `0x00RRGGBB` (the recipe of `kms.c`, written again).
-fn kms_image(w: u32, h: u32, k: u32) -> Vec<u32> {
-    let mut v = Vec::with_capacity((w * h) as usize);
-    for y in 0..h {
-        for x in 0..w {
-            v.push(
-                ((x * 255 / (w - 1)) << 16)
-                    | ((y * 255 / (h - 1)) << 8)
-                    | ((x ^ y ^ (0x55 * k)) & 0xff),
-            );
-        }
-    }
-    v
-}
-
-/// A PNG's size and pixels (`0x00RRGGBB`), read with the `png` crate; `None` while it is not
-/// (yet) a whole 8-bit RGB picture.
-fn read_png(path: &Path) -> Option<(u32, u32, Vec<u32>)> {
-    let file = std::fs::File::open(path).ok()?;
-    let mut reader = png::Decoder::new(std::io::BufReader::new(file))
-        .read_info()
-        .ok()?;
-    let mut buf = vec![0; reader.output_buffer_size()?];
-    let info = reader.next_frame(&mut buf).ok()?;
-    if info.color_type != png::ColorType::Rgb || info.bit_depth != png::BitDepth::Eight {
-        return None;
-    }
-    let px = buf[..info.buffer_size()]
-        .chunks(3)
-        .map(|c| (u32::from(c[0]) << 16) | (u32::from(c[1]) << 8) | u32::from(c[2]))
-        .collect();
-    Some((info.width, info.height, px))
-}
-
 #[test]
 fn the_host_sees_the_image_the_guest_shows_through_kms() {
     let _one = one_at_a_time();
     let want = kms_image(1024, 768, 1);
     let mut seen = None;
+    let mut dumped = None;
     let Some((console, server)) = boot(
         &["--screen", "{dir}/screen.png"],
         Some("/bin/gmig-kms-draw,8"),
-        |vm, dir| {
+        true,
+        |vm, dir, has_display| {
             let shown = vm.wait_for(Duration::from_secs(600), |l| {
                 l.trim_end_matches('\r') == "GMIG-KMS: shown"
             });
@@ -306,16 +305,10 @@ fn the_host_sees_the_image_the_guest_shows_through_kms() {
                 "the guest program did not show its image:\n{}",
                 vm.console()
             );
-            // The server looks at the plane every 100 ms: wait for the flipped image (a bound
-            // far above that), keep the last picture read.
-            let path = dir.join("screen.png");
-            let t = std::time::Instant::now();
-            while t.elapsed() < Duration::from_secs(5) {
-                seen = read_png(&path);
-                if seen.as_ref().is_some_and(|(_, _, p)| *p == want) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(100));
+            seen = wait_png(&dir.join("screen.png"), &want, Duration::from_secs(5));
+            // QEMU's screendump asks the server for the plane at once (no polling).
+            if has_display {
+                dumped = Some(screendump(vm, &dir.join("qemu.ppm")));
             }
         },
     ) else {
@@ -346,32 +339,31 @@ fn the_host_sees_the_image_the_guest_shows_through_kms() {
     let wrong = px.iter().zip(&want).filter(|(a, b)| a != b).count();
     assert_eq!(wrong, 0, "{wrong} pixels differ from the flipped image");
     assert!(kms_image(1024, 768, 0) != want, "the two images differ");
+    if let Some(dumped) = dumped {
+        let (w, h, px) = dumped.expect("QEMU's screendump with display=on");
+        assert_eq!((w, h), (1024, 768), "QEMU's screendump size");
+        let wrong = px.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(wrong, 0, "{wrong} pixels of QEMU's screendump differ");
+    }
     assert_clean(&console);
     for bad in ["fault", "ERROR", "WARN"] {
         assert!(!server.contains(bad), "the server logged {bad}: {server}");
     }
 }
 
-/// Polls `path` (the server looks at the plane every 100 ms; a bound far above that) until it
-/// holds `want`; the last picture read.
-fn wait_png(path: &Path, want: &[u32], limit: Duration) -> Option<(u32, u32, Vec<u32>)> {
-    let t = std::time::Instant::now();
-    let mut seen = None;
-    while t.elapsed() < limit {
-        seen = read_png(path);
-        if seen.as_ref().is_some_and(|(_, _, p)| p == want) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    seen
+/// A migration of a guest that shows image 1 (and, 20 s later, flips back to image 0), done:
+/// the pair, the source's last screendump before it (`None`: QEMU has no display property).
+struct Migrated {
+    p: Pair,
+    src_dump: Option<Picture>,
 }
 
-/// Migrates a guest that shows image 1 (and, 20 s later, flips back to image 0) to a
-/// destination with `dst_args`: the pair, after the migration completed and the source showed
-/// image 1.
-fn migrate_screen(dir: &Path, dst_args: &[&str]) -> Option<Pair> {
+/// Migrates a guest that shows image 1 to a destination with `dst_args`, both QEMUs with
+/// `display=on` where QEMU has it; returns once the migration completed and the source showed
+/// image 1 (in its `--screen` PNG and its screendump).
+fn migrate_screen(dir: &Path, dst_args: &[&str]) -> Option<Migrated> {
     let tools = tools(dir)?;
+    let display = qemu_has_display(&tools.qemu);
     let d = dir.to_string_lossy().into_owned();
     let src_png = format!("{d}/src.png");
     let dst_png = format!("{d}/dst.png");
@@ -389,6 +381,7 @@ fn migrate_screen(dir: &Path, dst_args: &[&str]) -> Option<Pair> {
             run: Some("/bin/display-probe,300,/bin/gmig-kms-draw,20,5".into()),
             ram_mib: 256,
             extra,
+            display,
             ..VmSpec::default()
         },
     );
@@ -400,16 +393,25 @@ fn migrate_screen(dir: &Path, dst_args: &[&str]) -> Option<Pair> {
         "the source's screen is not the guest's image:\n{}",
         p.logs()
     );
+    let src_dump = display.then(|| {
+        let dump = screendump(&mut p.src, &dir.join("src.ppm"));
+        let dump = dump.unwrap_or_else(|e| panic!("source screendump: {e}\n{}", p.logs()));
+        assert!(
+            dump.2 == want,
+            "the source QEMU does not show the guest's image"
+        );
+        dump
+    });
     let q = p.migrate(r#"{"downtime-limit":300}"#);
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
-    Some(p)
+    Some(Migrated { p, src_dump })
 }
 
 #[test]
 fn the_screen_survives_a_live_migration_to_other_slices() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let Some(mut p) = migrate_screen(dir.path(), &[]) else {
+    let Some(Migrated { mut p, src_dump }) = migrate_screen(dir.path(), &[]) else {
         return;
     };
     let dst_png = dir.path().join("dst.png");
@@ -420,6 +422,14 @@ fn the_screen_survives_a_live_migration_to_other_slices() {
         "the destination's screen is not the source's last one:\n{}",
         p.logs()
     );
+    let dst_ppm = dir.path().join("dst.ppm");
+    if let Some(src_dump) = &src_dump {
+        let dump = screendump(&mut p.dst, &dst_ppm).expect("destination screendump");
+        assert!(
+            dump == *src_dump,
+            "the destination QEMU's screendump is not the source's last one"
+        );
+    }
     // The guest's next drawing (a flip back to image 0) appears on the destination.
     let back = p.dst.wait_for(Duration::from_secs(120), |l| {
         l.trim_end_matches('\r') == "GMIG-KMS: flipped back"
@@ -432,6 +442,16 @@ fn the_screen_survives_a_live_migration_to_other_slices() {
         "the flip after the migration is not on the destination's screen:\n{}",
         p.logs()
     );
+    if src_dump.is_some() {
+        let dump = screendump(&mut p.dst, &dst_ppm).expect("destination screendump");
+        assert!(
+            dump.2 == want0,
+            "the flip after the migration is not in the destination QEMU's screendump"
+        );
+        if let Some(path) = std::env::var_os("GMIG_DOCS_SCREENSHOT") {
+            write_png(Path::new(&path), &dump).expect("writing the screenshot");
+        }
+    }
     let console = p.finish();
     assert!(
         lines(&console, "GMIG-PROG: ").contains(&"exit 0"),
@@ -443,12 +463,13 @@ fn the_screen_survives_a_live_migration_to_other_slices() {
 
 /// The negative control: a destination that does not remap (`--x-no-remap`) keeps the source's
 /// host address of the plane's surface, which lies outside its own slices: its scan-out never
-/// shows the guest's image.
+/// shows the guest's image, in its `--screen` PNG nor in its QEMU's screendump (which then
+/// shows QEMU's placeholder: the server answers that no plane is shown).
 #[test]
 fn without_remapping_the_destination_never_shows_the_guests_screen() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
-    let Some(mut p) = migrate_screen(dir.path(), &["--x-no-remap"]) else {
+    let Some(Migrated { mut p, src_dump }) = migrate_screen(dir.path(), &["--x-no-remap"]) else {
         return;
     };
     let want = kms_image(1024, 768, 1);
@@ -457,5 +478,19 @@ fn without_remapping_the_destination_never_shows_the_guests_screen() {
         seen.as_ref().is_none_or(|(_, _, px)| *px != want),
         "the destination showed the image without remapping"
     );
+    if src_dump.is_some() {
+        let dump = screendump(&mut p.dst, &dir.path().join("dst.ppm"));
+        let dump = dump.unwrap_or_else(|e| panic!("destination screendump: {e}"));
+        assert!(
+            dump.2 != want,
+            "the destination QEMU showed the image without remapping"
+        );
+        // QEMU's "Display output is not active" picture: the server shows no plane.
+        assert_eq!(
+            (dump.0, dump.1),
+            (640, 480),
+            "the destination QEMU's picture"
+        );
+    }
     let _ = p.dst.wait_exit(Duration::from_secs(120));
 }

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod display_region;
 pub mod framing;
 mod irqs;
 

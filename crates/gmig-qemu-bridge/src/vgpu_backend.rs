@@ -22,7 +22,9 @@ use gmig_vgpu::pci::{self, PciConfig};
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
 use vm_memory::GuestMemoryMmap;
 
+use crate::display_region::{DisplayRegion, DRM_PLANE_TYPE_PRIMARY};
 use crate::irqs::Irqs;
+use crate::proto::GfxPlane;
 use crate::server::{Errno, UserDevice};
 
 /// Region indices (`linux/vfio.h`, PCI).
@@ -115,6 +117,8 @@ pub struct VgpuBackend {
     pending_memory: Option<GuestMemoryMmap>,
     /// Where the guest's screen is written, if anywhere.
     screen: Option<crate::screen::Screen>,
+    /// The screen for the client's display (GFX_PLANE), with a monitor.
+    display: Option<DisplayRegion>,
 }
 
 /// The [`VgpuSpec::gpu_pace`] for a real guest: one workload every this many region accesses.
@@ -144,7 +148,6 @@ impl VgpuBackend {
     pub fn new(spec: VgpuSpec) -> Self {
         VgpuBackend {
             config: PciConfig::new(spec.gen, spec.aperture),
-            spec,
             handle: None,
             irqs: Irqs::default(),
             irqs_seen: 0,
@@ -153,6 +156,8 @@ impl VgpuBackend {
             accesses: 0,
             pending_memory: None,
             screen: None,
+            display: spec.monitor.then(|| display_region(spec.ty)).flatten(),
+            spec,
         }
     }
 
@@ -324,6 +329,15 @@ fn config_accesses(offset: u64, len: usize) -> impl Iterator<Item = (u64, std::o
     })
 }
 
+/// The display region for a vGPU of type `ty` (its resolution); `None`, logged, when the
+/// memfd cannot be made (the vGPU then has no display for the client).
+fn display_region(ty: VgpuType) -> Option<DisplayRegion> {
+    let r = ty.resolution();
+    DisplayRegion::new(u32::from(r.width), u32::from(r.height))
+        .map_err(|e| tracing::warn!(%e, "no display region"))
+        .ok()
+}
+
 /// Moves `vm`'s vGPU onto guest memory `mem`, its state kept: saved and restored in place (same
 /// slices, so nothing is rebased). Only while no migration runs: a checkpoint leaves out the
 /// pre-copy's GGTT and write logs. The interrupt count restarts (the caller resets what it saw).
@@ -342,19 +356,54 @@ impl UserDevice for VgpuBackend {
     type Mig = VmDevice<VgpuFactory>;
 
     fn device_info(&self) -> (u32, u32, u32) {
-        // VFIO_DEVICE_FLAGS_PCI | RESET; 9 regions (BAR0-5, ROM, config, VGA), 5 IRQ indices.
-        (2 | 1, 9, 5)
+        // VFIO_DEVICE_FLAGS_PCI | RESET; 9 regions (BAR0-5, ROM, config, VGA) and, with a
+        // monitor, the display region; 5 IRQ indices.
+        let regions = if self.display.is_some() { 10 } else { 9 };
+        (2 | 1, regions, 5)
     }
 
     fn region_info(&self, index: u32) -> Option<(u32, u64)> {
         match index {
             BAR0 | BAR2 => Some((RW, self.config.bar_size(index as usize)?)),
             CONFIG => Some((RW, pci::CONFIG_SIZE as u64)),
+            // VFIO_REGION_INFO_FLAG_READ: the client maps it read-only.
+            DisplayRegion::INDEX => self.display.as_ref().map(|d| (1, d.size())),
             _ => None,
         }
     }
 
+    fn region_mmap(&self, index: u32) -> Option<crate::server::RegionMmap<'_>> {
+        let d = self
+            .display
+            .as_ref()
+            .filter(|_| index == DisplayRegion::INDEX)?;
+        Some(crate::server::RegionMmap {
+            file: d.file(),
+            offset: 0,
+            areas: Vec::new(),
+        })
+    }
+
+    fn gfx_plane(&mut self, drm_plane_type: u32, probe: bool) -> Result<GfxPlane, Errno> {
+        // QEMU's region-type display asks with plane type 0; the vGPU shows its primary plane.
+        if !matches!(drm_plane_type, 0 | DRM_PLANE_TYPE_PRIMARY) {
+            return Err(libc::EINVAL);
+        }
+        let vm = self.handle.as_ref().and_then(|h| h.device().vm());
+        let display = self.display.as_mut().ok_or(libc::ENOTSUP)?;
+        let mut plane = match vm {
+            Some(vm) if !probe => display.fill(vm.vgpu()),
+            _ => DisplayRegion::nothing(),
+        };
+        plane.drm_plane_type = DRM_PLANE_TYPE_PRIMARY;
+        Ok(plane)
+    }
+
     fn region_read(&mut self, index: u32, offset: u64, data: &mut [u8]) -> Result<(), Errno> {
+        if index == DisplayRegion::INDEX {
+            let d = self.display.as_ref().ok_or(libc::EINVAL)?;
+            return d.read(offset, data).map_err(|_| libc::EIO);
+        }
         self.access();
         match index {
             CONFIG => {

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod pair;
+pub mod screen;
 
 /// The repository's root (this crate sits in `crates/gmig-test-support`).
 pub fn repo_root() -> PathBuf {
@@ -193,6 +194,8 @@ pub struct VmSpec {
     pub extra: Vec<String>,
     /// More kernel command-line parameters.
     pub kernel_args: Vec<String>,
+    /// `display=on` on each `vfio-user-pci` (QEMU shows the vGPU's plane; patch 0006).
+    pub display: bool,
 }
 
 /// A QEMU process with its serial console in a file and a QMP socket; killed when dropped.
@@ -272,8 +275,13 @@ impl Vm {
             } else {
                 String::new()
             };
+            let display = if spec.display {
+                ",\"display\":\"on\""
+            } else {
+                ""
+            };
             c.arg("-device").arg(format!(
-                "{{\"driver\":\"vfio-user-pci\",\"id\":\"gpu{i}\"{bus},\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}",
+                "{{\"driver\":\"vfio-user-pci\",\"id\":\"gpu{i}\"{bus}{display},\"socket\":{{\"path\":\"{}\",\"type\":\"unix\"}}}}",
                 g.display()
             ));
         }

@@ -72,3 +72,68 @@ impl Feature {
 /// specification has no way to carry `VFIO_MIG_GET_PRECOPY_INFO`): GET, in PRE_COPY only;
 /// `u64 initial_bytes, u64 dirty_bytes`.
 pub const FEATURE_MIG_PRECOPY_INFO: u32 = 0x8000;
+
+/// vfio-user's own GFX_PLANE device feature (index 0x8001, from gmig's QEMU patches): the
+/// kernel's `VFIO_DEVICE_QUERY_GFX_PLANE` ioctl as a GET whose request and reply data are
+/// [`GfxPlane`] (`struct vfio_device_gfx_plane_info`).
+pub const FEATURE_GFX_PLANE: u32 = 0x8001;
+/// `VFIO_GFX_PLANE_TYPE_PROBE`: does the device support the plane type asked for?
+pub const GFX_PLANE_PROBE: u32 = 1 << 0;
+/// `VFIO_GFX_PLANE_TYPE_DMABUF`: the plane as a dma-buf (never over a socket).
+pub const GFX_PLANE_DMABUF: u32 = 1 << 1;
+/// `VFIO_GFX_PLANE_TYPE_REGION`: the plane's pixels in a region of the device.
+pub const GFX_PLANE_REGION: u32 = 1 << 2;
+/// DRM's `DRM_FORMAT_XRGB8888` (fourcc `XR24`): 32-bit little-endian `x:R:G:B`.
+pub const DRM_FORMAT_XRGB8888: u32 = u32::from_le_bytes(*b"XR24");
+
+wire_struct! {
+    /// `struct vfio_device_gfx_plane_info` of `linux/vfio.h`: the data of a GFX_PLANE request
+    /// (argsz, flags, drm_plane_type) and of its reply (the plane; zeros in `drm_format` and
+    /// `size` while nothing is shown).
+    GfxPlane, 64, {
+        /// `argsz`: 64.
+        argsz: u32,
+        /// `GFX_PLANE_*`.
+        flags: u32,
+        /// DRM plane type (1 primary, 2 cursor).
+        drm_plane_type: u32,
+        /// DRM fourcc of the pixels.
+        drm_format: u32,
+        /// DRM format modifier (0: linear).
+        drm_format_mod: u64,
+        /// Pixels per row.
+        width: u32,
+        /// Rows.
+        height: u32,
+        /// Bytes per row.
+        stride: u32,
+        /// Bytes of the plane.
+        size: u32,
+        /// Position (cursor planes).
+        x_pos: u32,
+        /// Position (cursor planes).
+        y_pos: u32,
+        /// Hot spot (cursor planes).
+        x_hot: u32,
+        /// Hot spot (cursor planes).
+        y_hot: u32,
+        /// The region holding the pixels (`dmabuf_id` for a dma-buf).
+        region_index: u32,
+        /// Reserved.
+        reserved: u32,
+    }
+}
+
+impl GfxPlane {
+    /// Decodes a plane; the bytes after it are refused by the caller.
+    pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
+        with_rest(p, Self::read_fields)
+    }
+
+    /// Encodes the plane.
+    pub fn to_bytes(self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::LEN);
+        self.put_fields(&mut v);
+        v
+    }
+}

@@ -153,6 +153,38 @@ fn layouts_match_the_specification_field_tables() {
     assert_eq!(&b[20..24], &4u32.to_le_bytes());
     assert_eq!(&b[24..32], &0x1122_3344u64.to_le_bytes());
     assert_eq!(WriteMultiEntry::parse_request(&b).unwrap(), [w]);
+    // GFX_PLANE (gmig's feature 0x8001): struct vfio_device_gfx_plane_info, argsz @0, flags @4,
+    // drm_plane_type @8, drm_format @12, drm_format_mod @16 (8), width @24, height @28,
+    // stride @32, size @36, x_pos @40, y_pos @44, x_hot @48, y_hot @52, region_index @56,
+    // reserved @60; DRM_FORMAT_XRGB8888 is fourcc "XR24".
+    let g = GfxPlane {
+        argsz: 64,
+        flags: GFX_PLANE_REGION,
+        drm_plane_type: 1,
+        drm_format: DRM_FORMAT_XRGB8888,
+        drm_format_mod: 0x0102_0304_0506_0708,
+        width: 1024,
+        height: 768,
+        stride: 4096,
+        size: 4096 * 768,
+        x_pos: 1,
+        y_pos: 2,
+        x_hot: 3,
+        y_hot: 4,
+        region_index: 9,
+        reserved: 0,
+    };
+    let b = g.to_bytes();
+    assert_eq!(b.len(), 64);
+    assert_eq!(&b[4..8], &4u32.to_le_bytes());
+    assert_eq!(&b[12..16], b"XR24");
+    assert_eq!(&b[16..24], &0x0102_0304_0506_0708u64.to_le_bytes());
+    assert_eq!(&b[24..28], &1024u32.to_le_bytes());
+    assert_eq!(&b[32..36], &4096u32.to_le_bytes());
+    assert_eq!(&b[52..56], &4u32.to_le_bytes());
+    assert_eq!(&b[56..60], &9u32.to_le_bytes());
+    assert_eq!(GfxPlane::parse(&b).unwrap(), (g, &[][..]));
+    assert_eq!(FEATURE_GFX_PLANE, 0x8001);
 }
 
 proptest::proptest! {
@@ -162,6 +194,7 @@ proptest::proptest! {
         let _ = DmaUnmap::parse(&p);
         let _ = RegionAccess::parse(&p);
         let _ = Feature::parse(&p);
+        let _ = GfxPlane::parse(&p);
         let _ = MigData::parse(&p);
         let _ = RegionInfo::parse(&p);
         let _ = DmaAccess::parse(&p);

@@ -6,7 +6,7 @@ use std::fs::File;
 use gmig_vfio_migration::{MigrationDevice, MigrationHandle};
 use vm_memory::GuestMemoryMmap;
 
-use crate::proto::{Errno, SparseArea};
+use crate::proto::{Errno, GfxPlane, SparseArea};
 
 /// A device's access to the client's memory (DMA): regions mapped with a file descriptor are read
 /// and written in place; regions mapped without one by DMA_READ / DMA_WRITE messages.
@@ -110,6 +110,14 @@ pub trait UserDevice {
     /// Region `index` offered for `mmap`, if it is. The default offers none.
     fn region_mmap(&self, _index: u32) -> Option<RegionMmap<'_>> {
         None
+    }
+    /// The graphics plane of type `drm_plane_type` for the GFX_PLANE feature (the kernel's
+    /// `VFIO_DEVICE_QUERY_GFX_PLANE`, region type): with `probe`, `Ok` when the device has such
+    /// a plane (the value is ignored); otherwise the plane shown now, its pixels written into
+    /// its region ([`UserDevice::region_mmap`]) before the call returns, or a plane with
+    /// `drm_format` and `size` 0 while nothing is shown. The default has no display (`ENOTSUP`).
+    fn gfx_plane(&mut self, _drm_plane_type: u32, _probe: bool) -> Result<GfxPlane, Errno> {
+        Err(libc::ENOTSUP)
     }
     /// The ioeventfds of region `index`. The default has none.
     fn region_io_fds(&self, _index: u32) -> Vec<IoEventFd<'_>> {

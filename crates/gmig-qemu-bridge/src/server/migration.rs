@@ -11,13 +11,16 @@ use super::MAX_DATA_XFER;
 use crate::proto::{
     Errno, Feature, MigData, Put, Reader, DMA_LOGGING_CONTROL_LEN, DMA_LOGGING_REPORT_LEN,
     FEATURE_DMA_LOGGING_REPORT, FEATURE_DMA_LOGGING_START, FEATURE_DMA_LOGGING_STOP, FEATURE_GET,
-    FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE, FEATURE_MIG_PRECOPY_INFO,
-    FEATURE_PROBE, FEATURE_SET,
+    FEATURE_GFX_PLANE, FEATURE_MIGRATION, FEATURE_MIG_DATA_SIZE, FEATURE_MIG_DEVICE_STATE,
+    FEATURE_MIG_PRECOPY_INFO, FEATURE_PROBE, FEATURE_SET,
 };
 
 impl<D: UserDevice> Server<D> {
     pub(super) fn feature(&mut self, p: &[u8]) -> Result<Vec<u8>, Errno> {
         let (f, data) = Feature::parse(p).map_err(|_| libc::EINVAL)?;
+        if f.index() == FEATURE_GFX_PLANE {
+            return self.gfx_plane(f, data);
+        }
         let ops = f.flags & (FEATURE_GET | FEATURE_SET | FEATURE_PROBE);
         // argsz covers at least what was sent; a GET's argsz is the room for its reply, which
         // for MIGRATION, MIG_DEVICE_STATE and MIG_DATA_SIZE is 8 bytes of data (the request may

@@ -23,11 +23,12 @@
 //! The parts: [`UserDevice`] and what it hands the server (`device`), the server's state and the
 //! types its parts share (`state`), the session loop and version negotiation (`session`), DMA map
 //! bookkeeping (`dma_map`), region and IRQ handlers (`regions`), migration features and data
-//! (`migration`), the device's DMA port (`dma_port`), and message framing on the socket (`wire`).
+//! (`migration`), the GFX_PLANE feature (`gfx`), the device's DMA port (`dma_port`), and message framing on the socket (`wire`).
 
 mod device;
 mod dma_map;
 mod dma_port;
+mod gfx;
 mod migration;
 mod regions;
 mod session;
