@@ -241,10 +241,9 @@ fn a_version_2_checkpoint_loads_without_a_monitor() {
     assert!(VgpuState::from_bytes(&bytes).is_err());
 }
 
-#[test]
-fn the_primary_plane_scans_out_linear_and_x_tiled_surfaces_through_the_ggtt() {
-    let mut v = lone_test_vgpu(1, 4 << 20);
-    // Map 8 pages of the aperture at guest frames 0x100.. and draw a 64x32 XRGB gradient.
+/// Maps the first 8 pages of the aperture to guest frames 0x100.. through the GGTT; the
+/// aperture's base.
+fn map_aperture_pages(v: &mut Vgpu) -> u64 {
     let base = v.guest_view().aperture.base.0;
     for i in 0..8u64 {
         let pte = ((0x100 + i) << 12) | 1;
@@ -254,6 +253,14 @@ fn the_primary_plane_scans_out_linear_and_x_tiled_surfaces_through_the_ggtt() {
         )
         .unwrap();
     }
+    base
+}
+
+#[test]
+fn the_primary_plane_scans_out_linear_and_x_tiled_surfaces_through_the_ggtt() {
+    let mut v = lone_test_vgpu(1, 4 << 20);
+    // 8 pages of the aperture at guest frames 0x100..; a 64x32 XRGB gradient drawn there.
+    let base = map_aperture_pages(&mut v);
     let (w, h) = (64u32, 32u32);
     let px = |x: u32, y: u32| (x * 4) << 16 | (y * 8) << 8 | (x ^ y);
     let write = |v: &Vgpu, off: usize, val: u32| {
@@ -314,15 +321,7 @@ fn the_primary_plane_scans_out_linear_and_x_tiled_surfaces_through_the_ggtt() {
 fn the_pipe_crc_latches_what_the_pipe_scans_out_at_each_vblank() {
     use super::crc::{PIPE_CRC_CTL_A, PIPE_CRC_DONE, PIPE_CRC_ENABLE, PIPE_CRC_RES_1_A};
     let mut v = lone_test_vgpu(1, 4 << 20);
-    let base = v.guest_view().aperture.base.0;
-    for i in 0..8u64 {
-        let pte = ((0x100 + i) << 12) | 1;
-        v.mmio_write64(
-            crate::mmio::GTT_MMIO_BASE + ((base >> 12) + i) as u32 * 8,
-            pte,
-        )
-        .unwrap();
-    }
+    let base = map_aperture_pages(&mut v);
     let fill = |v: &Vgpu, val: u32| {
         use vm_memory::Bytes;
         let bytes: Vec<u8> = (0..8 * 1024).flat_map(|_| val.to_le_bytes()).collect();
