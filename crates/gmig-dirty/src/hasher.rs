@@ -102,8 +102,9 @@ impl DiffScratch {
 
 /// Chunks per thread: enough for work stealing to balance, few enough to keep chunks sequential.
 const TASKS_PER_THREAD: usize = 4;
-/// Smallest chunk worth a task (1 MiB of pages).
-const MIN_TASK_PAGES: u64 = 256;
+/// Smallest chunk worth a task (1 MiB of pages). A diff of at most this many pages is one task,
+/// which [`Hasher::diff_into`] runs on the calling thread.
+pub const MIN_TASK_PAGES: u64 = 256;
 /// Default prefetch distance in pages (see [`HasherOptions::prefetch_pages`]) for this CPU.
 ///
 /// Measured (docs/performance-history.md): on Intel Xeon cores, prefetching the next page raises hashing
@@ -520,51 +521,56 @@ impl Hasher {
                 tasks.push((w0, w1, mine));
             }
             let base = tracked.base().0;
-            self.pool.install(|| {
-                tasks
-                    .into_par_iter()
-                    .try_for_each(|(w0, w1, mine)| -> Result<()> {
-                        let mut batch = [Gfn(0); SINK_BATCH];
-                        let mut n = 0usize;
-                        for_each_page(
-                            self.walk(tracked, ranks, mem),
-                            |w| work[w],
-                            w0,
-                            w1,
-                            |gfn, idx, p, next| {
-                                let bit = gfn.0 - base;
-                                let unrecorded =
-                                    recorded.words()[(bit / 64) as usize] >> (bit % 64) & 1 == 0;
-                                let sample_differs = || {
-                                    samples.is_some_and(|s| {
-                                        // SAFETY: `p` is a mapped guest page.
-                                        let now = unsafe { kernel::sample_raw(p) };
-                                        s[idx] != now
-                                    })
-                                };
-                                // SAFETY: `p` is a mapped guest page; the kernel is supported.
-                                let hash_differs =
-                                    || unsafe { kernel.hash_raw(p, next) }.hash.0 != hashes[idx];
-                                let dirty = unrecorded || sample_differs() || hash_differs();
-                                if dirty {
-                                    let local = bit as usize / 64 - w0;
-                                    mine[local] |= 1 << (bit % 64);
-                                    batch[n] = gfn;
-                                    n += 1;
-                                    if n == SINK_BATCH {
-                                        sink(&batch);
-                                        n = 0;
-                                    }
-                                }
-                                Ok(())
-                            },
-                        )?;
-                        if n > 0 {
-                            sink(&batch[..n]);
+            let run = |(w0, w1, mine): (usize, usize, &mut [u64])| -> Result<()> {
+                let mut batch = [Gfn(0); SINK_BATCH];
+                let mut n = 0usize;
+                for_each_page(
+                    self.walk(tracked, ranks, mem),
+                    |w| work[w],
+                    w0,
+                    w1,
+                    |gfn, idx, p, next| {
+                        let bit = gfn.0 - base;
+                        let unrecorded =
+                            recorded.words()[(bit / 64) as usize] >> (bit % 64) & 1 == 0;
+                        let sample_differs = || {
+                            samples.is_some_and(|s| {
+                                // SAFETY: `p` is a mapped guest page.
+                                let now = unsafe { kernel::sample_raw(p) };
+                                s[idx] != now
+                            })
+                        };
+                        // SAFETY: `p` is a mapped guest page; the kernel is supported.
+                        let hash_differs =
+                            || unsafe { kernel.hash_raw(p, next) }.hash.0 != hashes[idx];
+                        let dirty = unrecorded || sample_differs() || hash_differs();
+                        if dirty {
+                            let local = bit as usize / 64 - w0;
+                            mine[local] |= 1 << (bit % 64);
+                            batch[n] = gfn;
+                            n += 1;
+                            if n == SINK_BATCH {
+                                sink(&batch);
+                                n = 0;
+                            }
                         }
                         Ok(())
-                    })
-            })?;
+                    },
+                )?;
+                if n > 0 {
+                    sink(&batch[..n]);
+                }
+                Ok(())
+            };
+            if tasks.len() <= 1 {
+                // One task (at most MIN_TASK_PAGES pages): on the calling thread, so a small
+                // re-hash in downtime waits for no pool worker to wake up (on a busy host a
+                // wake-up can take milliseconds).
+                tasks.into_iter().try_for_each(run)?;
+            } else {
+                self.pool
+                    .install(|| tasks.into_par_iter().try_for_each(run))?;
+            }
         }
         Ok(())
     }

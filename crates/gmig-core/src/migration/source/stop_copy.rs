@@ -77,6 +77,42 @@ impl<V: MigratableVm> SourceDevice<V> {
         let mem = self.vm.memory().clone();
         let hasher = Arc::clone(&self.hasher);
         let scratch = self.scratch_diff.take();
+        if self.stats.rehashed <= gmig_dirty::hasher::MIN_TASK_PAGES {
+            // A small re-hash (a desktop's few hundred candidate pages) runs here, on the
+            // thread that stopped the vGPU: a pipeline thread spawned in downtime, and the
+            // hash pool's workers, would each have to be scheduled first, which on a busy host
+            // costs milliseconds for well under one of work.
+            let t = Instant::now();
+            let pages = GuestPages::new(&mem).map_err(|e| failed("guest memory", e))?;
+            let found = std::sync::Mutex::new(Vec::new());
+            let sink = |f: &[gmig_dirty::Gfn]| {
+                found
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend(f.iter().map(|g| Gfn(g.0)));
+            };
+            match scratch {
+                Some(mut scratch) => {
+                    hasher
+                        .diff_into(&pages, &snap, candidates.as_ref(), &sink, &mut scratch)
+                        .map_err(|e| failed("re-hash", e))?;
+                    self.scratch_diff = Some(scratch);
+                }
+                None => {
+                    hasher
+                        .diff_with(&pages, &snap, candidates.as_ref(), &sink)
+                        .map_err(|e| failed("re-hash", e))?;
+                }
+            }
+            let mut found = found
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            found.sort_unstable_by_key(|g| g.0);
+            self.queue.extend(found);
+            self.stats.hash_ns = t.elapsed().as_nanos() as u64;
+            self.phase = Phase::StopCopy;
+            return Ok(());
+        }
         let (tx, rx) = sync_channel::<Vec<Gfn>>(4096);
         let thread = std::thread::spawn(move || -> PipelineResult {
             let t = Instant::now();
