@@ -19,6 +19,8 @@
  * crates/gmig-cli/tests/qemu_i915.rs; keep the two in step.
  *
  *   usage: gmig-i915-blit [FRAMES] [FIRST] [DEVICE]    (defaults 8, 0, /dev/dri/card0)
+ *          gmig-i915-blit nop N [DEVICE]              (N empty submissions, each waited for,
+ *                                                      between two config-space markers)
  *
  * renders frames FIRST .. FIRST+FRAMES-1 (each frame's picture depends on its number only), so
  * that several instances, each with its own file descriptor and so its own PPGTT, draw different
@@ -391,7 +393,56 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A PCI configuration read of the GPU at `off` (through sysfs): a marker in QEMU's trace of the
+ * device's accesses (nothing else reads offsets 0xf0 and 0xf4). */
+static void config_marker(unsigned off) {
+    int c = open("/sys/class/drm/card0/device/config", O_RDONLY | O_CLOEXEC);
+    uint32_t v;
+    if (c < 0 || pread(c, &v, 4, off) != 4) fail("config marker");
+    close(c);
+}
+
+/* `nop N`: N submissions of an empty batch (MI_BATCH_BUFFER_END) on the blitter, each waited
+ * for (GEM_WAIT), between two configuration-space markers: what one EXECBUFFER2 costs in register
+ * accesses and time, as IGT's gem_exec_nop measures it. */
+static int nop_loop(uint32_t n) {
+    uint32_t h = gem_create(4096);
+    uint32_t *b = gem_mmap(h, 4096);
+    cpu_domain(h, 1);
+    b[0] = MI_BATCH_BUFFER_END;
+    b[1] = MI_NOOP;
+    struct exec_object2 o = {.handle = h, .offset = BATCH_ADDR, .flags = OBJ_PINNED | OBJ_48B};
+    struct execbuffer2 eb = {
+        .buffers_ptr = (uint64_t)(uintptr_t)&o,
+        .buffer_count = 1,
+        .batch_len = 8,
+        .flags = EXEC_BLT | EXEC_NO_RELOC,
+    };
+    /* One round first, so the context is created and pinned outside the window. */
+    xioctl(IOCTL_GEM_EXECBUFFER2, &eb, "EXECBUFFER2(nop)");
+    struct gem_wait w = {.bo_handle = h, .timeout_ns = 20ll * 1000000000ll};
+    xioctl(IOCTL_GEM_WAIT, &w, "GEM_WAIT(nop)");
+    config_marker(0xf0);
+    uint64_t t0 = now_ns();
+    for (uint32_t i = 0; i < n; i++) {
+        xioctl(IOCTL_GEM_EXECBUFFER2, &eb, "EXECBUFFER2(nop)");
+        w.timeout_ns = 20ll * 1000000000ll;
+        xioctl(IOCTL_GEM_WAIT, &w, "GEM_WAIT(nop)");
+    }
+    uint64_t t1 = now_ns();
+    config_marker(0xf4);
+    printf("GMIG-NOP: submissions %u ns-per-submission %llu\n", n,
+           (unsigned long long)((t1 - t0) / (n ? n : 1)));
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 2 && strcmp(argv[1], "nop") == 0) {
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        fd = open(argc > 3 ? argv[3] : "/dev/dri/card0", O_RDWR | O_CLOEXEC);
+        if (fd < 0) fail("open");
+        return nop_loop((uint32_t)strtoul(argv[2], NULL, 0));
+    }
     uint32_t frames = argc > 1 ? (uint32_t)strtoul(argv[1], NULL, 0) : 8;
     uint32_t first = argc > 2 ? (uint32_t)strtoul(argv[2], NULL, 0) : 0;
     const char *dev = argc > 3 ? argv[3] : "/dev/dri/card0";
