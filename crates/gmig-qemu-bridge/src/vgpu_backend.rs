@@ -412,6 +412,13 @@ impl UserDevice for VgpuBackend {
                 }
             }
             BAR0 | BAR2 => {
+                if index == BAR0 {
+                    // The display clock to now first: `PIPEDSL` and `PIPE_FRMCOUNT` read at the
+                    // time of the read, not of the last message (i915 dates each vblank from
+                    // the scan line it reads, and a clock lagging by the guest's time between
+                    // two accesses put 114 µs of jitter on kms_flip's vblank timestamps).
+                    self.display_tick();
+                }
                 let vm = self.vm().ok_or(libc::EIO)?;
                 if index == BAR0 {
                     pci::bar0_read(vm.vgpu(), offset, data);
