@@ -10,8 +10,8 @@
 //!
 //! # The display clock
 //! The vGPU has no clock of its own: whoever runs it calls [`Vgpu::display_tick`] with the
-//! time in 12 MHz ticks ([`crate::regs::clock`]), as often as it likes (`gmig serve` after
-//! every message and when the next vblank is due). A vblank falls due every frame period of the
+//! time in 12 MHz ticks ([`crate::regs::clock`]), as often as it likes (`gmig serve` before
+//! every BAR0 read, after every message and when the next vblank is due). A vblank falls due every frame period of the
 //! monitor's mode after the pipe was seen enabled; a tick counts every vblank due since the
 //! last one and raises one interrupt for them. Tests tick with chosen times, so what they see
 //! is deterministic.
