@@ -53,6 +53,11 @@ fn gmig() -> &'static Path {
 /// machine loaded to 5 times its cores) ends well before the guest does, at QEMU/TCG's ~2000
 /// frames a second on two busy cores (about 1000 at that load): 5 s of rendering, 10 s loaded.
 const FRAMES: u32 = 10_000;
+/// Frames of the kill tests' guests: their migration is paced (32 MiB/s) until the kill, and
+/// with the destination's server dead the source may still send all its RAM before it hears of
+/// it (a few seconds at QEMU/TCG's ~130 MB/s here), while the guest renders up to ~2,500 frames
+/// a second on a quiet machine.
+const KILL_FRAMES: u32 = 20_000;
 /// The frame after which the source is told to migrate.
 const MIGRATE_AFTER: u32 = 32;
 /// Guest RAM: small, so that QEMU's RAM pre-copy is short.
@@ -515,8 +520,16 @@ fn kill_mid_stream_and_check_the_source(victim: Victim, tag: &str) {
     let Some(tools) = tools(dir.path()) else {
         return;
     };
-    let want = reference(&tools, dir.path(), "desktop", FRAMES);
-    let mut p = pair(&tools, dir.path(), tag, "desktop", &[], &[]);
+    let want = reference(&tools, dir.path(), "desktop", KILL_FRAMES);
+    let mut p = Pair::start(
+        gmig(),
+        &tools,
+        dir.path(),
+        tag,
+        &[],
+        &[],
+        |socket, extra| guest(socket, "desktop", KILL_FRAMES, extra),
+    );
     wait_rendering(&mut p);
     // Slow enough (32 MiB/s) that the stream is still running when the destination dies.
     let answer = p.start_migration(r#"{"downtime-limit":300,"max-bandwidth":33554432}"#);
@@ -541,6 +554,12 @@ fn kill_mid_stream_and_check_the_source(victim: Victim, tag: &str) {
         Victim::Server => {
             let _ = p.dst_serve.child.kill();
             let _ = p.dst_serve.child.wait();
+            // The rest of the stream at full speed: the destination hears of its dead server
+            // only when it loads the device's state, after the RAM.
+            qmp(
+                &mut p.src,
+                r#"{"execute":"migrate-set-parameters","arguments":{"max-bandwidth":10737418240}}"#,
+            );
         }
     }
     let q = p.wait_migration();
