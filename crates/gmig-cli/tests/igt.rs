@@ -274,9 +274,12 @@ fn without_remapping_the_migrated_igt_test_does_not_pass() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (mut p, q) = migrate_igt(dir.path(), "igt-noremap", &["--x-no-remap"], 60);
+    // The guest's bound on the test: 40 s (the hung test waits out no more). What tells the
+    // missing remap is the destination server's out-of-slice fault, asserted below; the result
+    // alone could also come from the bound.
+    let (mut p, q) = migrate_igt(dir.path(), "igt-noremap", &["--x-no-remap"], 40);
     assert_eq!(q["status"], "completed", "{q}\n{}", p.logs());
-    let r = destination_result(&mut p, Duration::from_secs(150));
+    let r = destination_result(&mut p, Duration::from_secs(130));
     eprintln!("remapping off: {MIGRATED} on the destination: {r:?}");
     assert_ne!(
         r.as_deref(),
