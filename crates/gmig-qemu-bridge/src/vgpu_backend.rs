@@ -412,11 +412,13 @@ impl UserDevice for VgpuBackend {
                 }
             }
             BAR0 | BAR2 => {
-                if index == BAR0 {
+                if index == BAR0 && gmig_vgpu::display::reads_display_clock(offset, data.len()) {
                     // The display clock to now first: `PIPEDSL` and `PIPE_FRMCOUNT` read at the
                     // time of the read, not of the last message (i915 dates each vblank from
                     // the scan line it reads, and a clock lagging by the guest's time between
-                    // two accesses put 114 µs of jitter on kms_flip's vblank timestamps).
+                    // two accesses put 114 µs of jitter on kms_flip's vblank timestamps). Only
+                    // for the registers the clock changes: an i915 guest reads BAR0 all the
+                    // time, and no other read needs the tick.
                     self.display_tick();
                 }
                 let vm = self.vm().ok_or(libc::EIO)?;

@@ -11,9 +11,10 @@
 //! # The display clock
 //! The vGPU has no clock of its own: whoever runs it calls [`Vgpu::display_tick`] with the
 //! time in 12 MHz ticks ([`crate::regs::clock`]), as often as it likes (`gmig serve` before
-//! every BAR0 read, after every message and when the next vblank is due). A vblank falls due every frame period of the
-//! monitor's mode after the pipe was seen enabled; a tick counts every vblank due since the
-//! last one and raises one interrupt for them. Tests tick with chosen times, so what they see
+//! every BAR0 read of a register whose value the clock changes ([`reads_display_clock`]),
+//! after every message and when the next vblank is due). A vblank falls due every frame period
+//! of the monitor's mode after the pipe was seen enabled; a tick counts every vblank due since
+//! the last one and raises one interrupt for them. Tests tick with chosen times, so what they see
 //! is deterministic.
 
 pub mod aux;
@@ -49,6 +50,31 @@ pub const MONITOR_AUX_CHANNEL: u32 = 3;
 /// emulated CPU its register updates take milliseconds, so the vGPU tells it to wait whenever a
 /// vblank is less than this near (3 ms; i915 waits up to 4 ms before it complains).
 pub const VBLANK_GUARD_TICKS: u64 = 3 * TIMESTAMP_HZ / 1000;
+
+/// The registers whose reads the display clock changes (GEN9 offsets): each pipe's `PIPEDSL`,
+/// `PIPE_FRMCOUNT` and `PIPE_FLIPCOUNT`, its CRC results (latched at its vblanks) and its DE
+/// interrupt identity register, and `GEN8_MASTER_IRQ`, which sums those up. A vblank or
+/// flip-done wait polls these; no other read sees the clock.
+fn display_clock_registers() -> impl Iterator<Item = u32> {
+    (0..3u32)
+        .flat_map(|p| {
+            let pipe = PIPE_STRIDE * p;
+            [0x7_0000 + pipe, 0x7_0040 + pipe, 0x7_0044 + pipe]
+                .into_iter()
+                .chain((0..5).map(move |i| crc::PIPE_CRC_RES_1_A + pipe + 4 * i))
+                .chain([DE_PIPE_IIR_A + 0x10 * p])
+        })
+        .chain([crate::regs::irq::MASTER_IRQ])
+}
+
+/// Whether a BAR0 read of `len` bytes at `offset` reads a register whose value the display
+/// clock changes: whoever runs the vGPU ticks the clock to now before such a read, so that it
+/// reads the time of the read (i915 dates each vblank from the scan line it reads), and can
+/// leave the clock alone before any other.
+pub fn reads_display_clock(offset: u64, len: usize) -> bool {
+    let end = offset.saturating_add(len as u64);
+    display_clock_registers().any(|r| u64::from(r) < end && offset < u64::from(r) + 4)
+}
 
 /// `DP_AUX_CH_CTL` bits.
 const AUX_SEND_BUSY: u32 = 1 << 31;

@@ -393,3 +393,72 @@ fn the_pipe_crc_latches_what_the_pipe_scans_out_at_each_vblank() {
     };
     assert_eq!(black, super::crc::crc_words(&frame).to_vec());
 }
+
+/// The registers [`reads_display_clock`] names are exactly those whose reads a tick changes:
+/// with every pipe on, its vblank, flip-done and CRC-done interrupts enabled, a flip armed and
+/// its CRC on, every modelled register is read before and after a tick past the next vblank
+/// (and the scan line moves between two ticks in one frame). A register a tick changes but the
+/// set lacks would read stale between ticks; one the set names needlessly costs a tick.
+#[test]
+fn the_reads_that_tick_the_display_clock_are_those_whose_values_it_changes() {
+    use super::crc::{PIPE_CRC_CTL_A, PIPE_CRC_DONE, PIPE_CRC_ENABLE, PIPE_CRC_RES_1_A};
+    let mut v = lone_test_vgpu(1, 1 << 20);
+    let bits = PIPE_VBLANK | PIPE_FLIP_DONE | PIPE_CRC_DONE;
+    for p in 0..3 {
+        let pipe = PIPE_STRIDE * p;
+        v.mmio_write32(PIPE_IMR_A + 0x10 * p, !bits).unwrap();
+        v.mmio_write32(PIPE_IER_A + 0x10 * p, bits).unwrap();
+        v.mmio_write32(PIPECONF_A + pipe, PIPECONF_ENABLE).unwrap();
+        v.mmio_write32(PIPE_CRC_CTL_A + pipe, PIPE_CRC_ENABLE)
+            .unwrap();
+    }
+    let period = v.display().frame_period();
+    v.display_tick(period);
+    for p in 0..3 {
+        v.mmio_write32(PLANE_SURF_A + PIPE_STRIDE * p, 0x1000)
+            .unwrap();
+    }
+    // The modelled rows, and the CRC results, which the pipes latch without a row.
+    let crc_results =
+        (0..3).flat_map(|p| (0..5).map(move |i| PIPE_CRC_RES_1_A + PIPE_STRIDE * p + 4 * i));
+    let rows: Vec<u32> = crate::regs::table::ABSOLUTE
+        .iter()
+        .chain(crate::regs::display::ROWS)
+        .map(|r| r.offset)
+        .chain(crc_results)
+        .collect();
+    let read = |v: &Vgpu| -> Vec<u32> { rows.iter().map(|&r| v.mmio_read32(r).unwrap()).collect() };
+    let changed = |v: &mut Vgpu, to: u64| -> Vec<u32> {
+        let before = read(v);
+        v.display_tick(to);
+        let after = read(v);
+        rows.iter()
+            .zip(before.iter().zip(&after))
+            .filter(|(_, (b, a))| b != a)
+            .map(|(&r, _)| r)
+            .collect()
+    };
+    let mut seen = changed(&mut v, period + period / 3);
+    let at_vblank = changed(&mut v, 2 * period);
+    assert!(!at_vblank.is_empty());
+    seen.extend(at_vblank);
+    seen.sort_unstable();
+    seen.dedup();
+    let mut named: Vec<u32> = rows
+        .iter()
+        .copied()
+        .filter(|&r| reads_display_clock(r.into(), 4))
+        .collect();
+    named.sort_unstable();
+    assert_eq!(seen, named);
+    assert_eq!(
+        named.len(),
+        3 * (3 + 5 + 1) + 1,
+        "every register of the set is a row"
+    );
+    // Reads of other widths: an 8-byte read holding one, a byte of one.
+    assert!(reads_display_clock(0x7_0040, 8));
+    assert!(reads_display_clock(u64::from(MASTER_IRQ) + 3, 1));
+    assert!(!reads_display_clock(u64::from(PLANE_CTL_A), 4));
+    assert!(!reads_display_clock(0x7_0004, 4));
+}
