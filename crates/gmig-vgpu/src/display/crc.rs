@@ -25,24 +25,53 @@ pub const PIPE_CRC_ENABLE: u32 = 1 << 31;
 /// `GEN8_PIPE_CDCLK_CRC_DONE` in the DE pipe interrupt registers.
 pub const PIPE_CRC_DONE: u32 = 1 << 28;
 
+/// Pixels hashed per step: the bytes of one step sit in a buffer on the stack.
+const CHUNK_PIXELS: usize = 1024;
+
 /// The five result words for `frame`.
 pub fn crc_words(frame: &Frame) -> [u32; 5] {
-    let mut bytes = Vec::with_capacity(8 + frame.pixels.len() * 4);
-    bytes.extend_from_slice(&frame.width.to_le_bytes());
-    bytes.extend_from_slice(&frame.height.to_le_bytes());
-    bytes.extend(
-        frame
-            .pixels
-            .iter()
-            .flat_map(|p| (p & 0x00ff_ffff).to_le_bytes()),
-    );
-    let h = xxhash_rust::xxh3::xxh3_128(&bytes);
+    words_of(frame.width, frame.height, frame.pixels.chunks(CHUNK_PIXELS))
+}
+
+/// The five result words for a black frame of `width` x `height`, without the frame.
+pub(super) fn black_words(width: u32, height: u32) -> [u32; 5] {
+    let zeros = [0u32; CHUNK_PIXELS];
+    let n = width as usize * height as usize;
+    let chunks = (0..n)
+        .step_by(CHUNK_PIXELS)
+        .map(|at| &zeros[..(n - at).min(CHUNK_PIXELS)]);
+    words_of(width, height, chunks)
+}
+
+/// The result words of the bytes a frame of `width` x `height` hashes as (its size, then its
+/// pixels in `0x00RRGGBB` little-endian), the pixels given in pieces and hashed as they come:
+/// no copy of the frame is made.
+fn words_of<'a>(width: u32, height: u32, pixels: impl Iterator<Item = &'a [u32]>) -> [u32; 5] {
+    let mut xxh = xxhash_rust::xxh3::Xxh3::new();
+    let mut crc = crc32fast::Hasher::new();
+    let mut head = [0u8; 8];
+    head[..4].copy_from_slice(&width.to_le_bytes());
+    head[4..].copy_from_slice(&height.to_le_bytes());
+    xxh.update(&head);
+    crc.update(&head);
+    let mut buf = [0u8; 4 * CHUNK_PIXELS];
+    for chunk in pixels {
+        for piece in chunk.chunks(CHUNK_PIXELS) {
+            let bytes = &mut buf[..4 * piece.len()];
+            for (b, p) in bytes.chunks_exact_mut(4).zip(piece) {
+                b.copy_from_slice(&(p & 0x00ff_ffff).to_le_bytes());
+            }
+            xxh.update(bytes);
+            crc.update(bytes);
+        }
+    }
+    let h = xxh.digest128();
     [
         h as u32,
         (h >> 32) as u32,
         (h >> 64) as u32,
         (h >> 96) as u32,
-        crc32fast::hash(&bytes),
+        crc.finalize(),
     ]
 }
 
@@ -54,17 +83,15 @@ impl Vgpu {
 
     /// Latches the CRC of what `pipe` scans out now into its result registers.
     pub(crate) fn latch_pipe_crc(&mut self, pipe: usize) {
-        let frame = self.scan_out(pipe).unwrap_or_else(|_| {
-            let src = self.reg_value(PIPESRC_A + PIPE_STRIDE * pipe as u32);
-            let (width, height) = (((src >> 16) & 0x1fff) + 1, (src & 0x1fff) + 1);
-            Frame {
-                width,
-                height,
-                pixels: vec![0; width as usize * height as usize],
+        let words = match self.scan_out(pipe) {
+            Ok(frame) => crc_words(&frame),
+            Err(_) => {
+                let src = self.reg_value(PIPESRC_A + PIPE_STRIDE * pipe as u32);
+                black_words(((src >> 16) & 0x1fff) + 1, (src & 0x1fff) + 1)
             }
-        });
+        };
         let base = PIPE_CRC_RES_1_A + PIPE_STRIDE * pipe as u32;
-        for (i, w) in crc_words(&frame).into_iter().enumerate() {
+        for (i, w) in words.into_iter().enumerate() {
             self.vregs.insert(base + 4 * i as u32, w);
         }
     }

@@ -462,3 +462,93 @@ fn the_reads_that_tick_the_display_clock_are_those_whose_values_it_changes() {
     assert!(!reads_display_clock(u64::from(PLANE_CTL_A), 4));
     assert!(!reads_display_clock(0x7_0004, 4));
 }
+
+/// The words as they were first computed: the frame copied into one buffer, then hashed.
+fn copied_then_hashed(frame: &plane::Frame) -> [u32; 5] {
+    let mut bytes = Vec::with_capacity(8 + frame.pixels.len() * 4);
+    bytes.extend_from_slice(&frame.width.to_le_bytes());
+    bytes.extend_from_slice(&frame.height.to_le_bytes());
+    bytes.extend(
+        frame
+            .pixels
+            .iter()
+            .flat_map(|p| (p & 0x00ff_ffff).to_le_bytes()),
+    );
+    let h = xxhash_rust::xxh3::xxh3_128(&bytes);
+    [
+        h as u32,
+        (h >> 32) as u32,
+        (h >> 64) as u32,
+        (h >> 96) as u32,
+        crc32fast::hash(&bytes),
+    ]
+}
+
+/// Frames of odd sizes (a last piece shorter than a chunk, one pixel, more than one chunk,
+/// a 1024x768 screen) with alpha bits set: the streamed words equal the copied ones, and a
+/// black frame's words equal those of a frame of zeros.
+#[test]
+fn streamed_words_equal_the_words_of_the_copied_frame() {
+    let mut x = 0x9e37_79b9u32;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x
+    };
+    for (w, h) in [(1, 1), (7, 3), (1000, 3), (1025, 2), (1024, 768)] {
+        let frame = plane::Frame {
+            width: w,
+            height: h,
+            pixels: (0..w * h).map(|_| next()).collect(),
+        };
+        assert_eq!(
+            super::crc::crc_words(&frame),
+            copied_then_hashed(&frame),
+            "{w}x{h}"
+        );
+        let black = plane::Frame {
+            pixels: vec![0; (w * h) as usize],
+            ..frame
+        };
+        assert_eq!(
+            super::crc::black_words(w, h),
+            copied_then_hashed(&black),
+            "{w}x{h} black"
+        );
+    }
+}
+
+/// A plane whose rows are wider than what it shows (a 100x20 window at (5, 2) of a 512-byte
+/// stride surface of varied pixels): the words the pipe latches are those of the frame it scans
+/// out, copied and hashed.
+#[test]
+fn the_latched_words_of_a_strided_plane_equal_those_of_its_copied_frame() {
+    use super::crc::{PIPE_CRC_CTL_A, PIPE_CRC_ENABLE, PIPE_CRC_RES_1_A};
+    use crate::regs::display::PLANE_OFFSET_A;
+    use vm_memory::Bytes;
+    let mut v = lone_test_vgpu(1, 4 << 20);
+    let base = map_aperture_pages(&mut v);
+    let bytes: Vec<u8> = (0..8 * 4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    v.guest_memory()
+        .write_slice(&bytes, vm_memory::GuestAddress(0x10_0000))
+        .unwrap();
+    v.mmio_write32(PLANE_SURF_A, base as u32).unwrap();
+    v.mmio_write32(PLANE_STRIDE_A, 512 / 64).unwrap();
+    v.mmio_write32(PLANE_SIZE_A, (19 << 16) | 99).unwrap();
+    v.mmio_write32(PLANE_OFFSET_A, (2 << 16) | 5).unwrap();
+    v.mmio_write32(PLANE_CTL_A, (1 << 31) | (4 << 24)).unwrap();
+    v.mmio_write32(PIPE_CRC_CTL_A, PIPE_CRC_ENABLE).unwrap();
+    v.mmio_write32(PIPECONF_A, PIPECONF_ENABLE).unwrap();
+    let period = v.display().frame_period();
+    v.display_tick(period);
+    v.display_tick(2 * period);
+    let frame = v.scan_out(0).unwrap();
+    assert_eq!((frame.width, frame.height), (100, 20));
+    let words: Vec<u32> = (0..5)
+        .map(|i| v.mmio_read32(PIPE_CRC_RES_1_A + 4 * i).unwrap())
+        .collect();
+    assert_eq!(words, copied_then_hashed(&frame).to_vec());
+}
