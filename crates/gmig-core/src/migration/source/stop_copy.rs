@@ -5,8 +5,9 @@ use std::sync::mpsc::sync_channel;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gmig_dirty::{DirtyBitmap, GuestPages};
+use gmig_dirty::{DiffScratch, DirtyBitmap, GuestPages, HashSnapshot, Hasher};
 use gmig_vfio_migration::DeviceError;
+use vm_memory::GuestMemoryMmap;
 
 use super::SourceDevice;
 use crate::migration::config::Policy;
@@ -83,7 +84,6 @@ impl<V: MigratableVm> SourceDevice<V> {
             // hash pool's workers, would each have to be scheduled first, which on a busy host
             // costs milliseconds for well under one of work.
             let t = Instant::now();
-            let pages = GuestPages::new(&mem).map_err(|e| failed("guest memory", e))?;
             let found = std::sync::Mutex::new(Vec::new());
             let sink = |f: &[gmig_dirty::Gfn]| {
                 found
@@ -91,19 +91,8 @@ impl<V: MigratableVm> SourceDevice<V> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .extend(f.iter().map(|g| Gfn(g.0)));
             };
-            match scratch {
-                Some(mut scratch) => {
-                    hasher
-                        .diff_into(&pages, &snap, candidates.as_ref(), &sink, &mut scratch)
-                        .map_err(|e| failed("re-hash", e))?;
-                    self.scratch_diff = Some(scratch);
-                }
-                None => {
-                    hasher
-                        .diff_with(&pages, &snap, candidates.as_ref(), &sink)
-                        .map_err(|e| failed("re-hash", e))?;
-                }
-            }
+            let done = rehash(&hasher, &mem, &snap, candidates.as_ref(), scratch, &sink)?;
+            self.scratch_diff = done.into_scratch();
             let mut found = found
                 .into_inner()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -116,23 +105,12 @@ impl<V: MigratableVm> SourceDevice<V> {
         let (tx, rx) = sync_channel::<Vec<Gfn>>(4096);
         let thread = std::thread::spawn(move || -> PipelineResult {
             let t = Instant::now();
-            let pages = GuestPages::new(&mem).map_err(|e| failed("guest memory", e))?;
             let sink = |found: &[gmig_dirty::Gfn]| {
                 // A failed send means the session was aborted; the diff just runs out.
                 let _ = tx.send(found.iter().map(|g| Gfn(g.0)).collect());
             };
-            let dirty = match scratch {
-                Some(mut scratch) => {
-                    hasher
-                        .diff_into(&pages, &snap, candidates.as_ref(), &sink, &mut scratch)
-                        .map_err(|e| failed("re-hash", e))?;
-                    scratch.dirty().count()
-                }
-                None => hasher
-                    .diff_with(&pages, &snap, candidates.as_ref(), &sink)
-                    .map_err(|e| failed("re-hash", e))?
-                    .count(),
-            };
+            let done = rehash(&hasher, &mem, &snap, candidates.as_ref(), scratch, &sink)?;
+            let dirty = done.dirty().count();
             Ok((t.elapsed().as_nanos() as u64, dirty))
         });
         self.pipeline = Some(Pipeline { rx, thread });
@@ -291,5 +269,57 @@ impl<V: MigratableVm> SourceDevice<V> {
                 .diff_sink_calls_bound(plan.found + plan.drain_new);
         }
         Ok(plan)
+    }
+}
+
+/// What a re-hash leaves: the scratch it ran in (pre-copy's, kept for the next session), or the
+/// bitmap it made without one.
+enum Rehashed {
+    Into(DiffScratch),
+    Fresh(DirtyBitmap),
+}
+
+impl Rehashed {
+    /// The pages found changed.
+    fn dirty(&self) -> &DirtyBitmap {
+        match self {
+            Rehashed::Into(scratch) => scratch.dirty(),
+            Rehashed::Fresh(dirty) => dirty,
+        }
+    }
+
+    /// The scratch to keep, if the re-hash ran in one.
+    fn into_scratch(self) -> Option<DiffScratch> {
+        match self {
+            Rehashed::Into(scratch) => Some(scratch),
+            Rehashed::Fresh(_) => None,
+        }
+    }
+}
+
+/// The downtime re-hash, on the stopping thread or the pipeline's: `snap`'s tracked pages (only
+/// `candidates`, when known) hashed again in `mem`, each batch of changed frames handed to
+/// `sink`; into `scratch` when pre-copy prepared one (no allocation in downtime), else into
+/// buffers made here.
+fn rehash(
+    hasher: &Hasher,
+    mem: &GuestMemoryMmap,
+    snap: &HashSnapshot,
+    candidates: Option<&DirtyBitmap>,
+    scratch: Option<DiffScratch>,
+    sink: &(dyn Fn(&[gmig_dirty::Gfn]) + Sync),
+) -> Result<Rehashed, DeviceError> {
+    let pages = GuestPages::new(mem).map_err(|e| failed("guest memory", e))?;
+    match scratch {
+        Some(mut scratch) => {
+            hasher
+                .diff_into(&pages, snap, candidates, sink, &mut scratch)
+                .map_err(|e| failed("re-hash", e))?;
+            Ok(Rehashed::Into(scratch))
+        }
+        None => hasher
+            .diff_with(&pages, snap, candidates, sink)
+            .map(Rehashed::Fresh)
+            .map_err(|e| failed("re-hash", e)),
     }
 }
