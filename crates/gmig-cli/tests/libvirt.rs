@@ -261,25 +261,35 @@ impl Daemon {
             .unwrap_or(0)
     }
 
-    /// Waits until `done` holds of the domain's serial console, up to `limit`.
-    fn wait_serial(&self, name: &str, limit: Duration, done: impl Fn(&str) -> bool) -> bool {
+    /// Polls `done` until it holds, up to `limit`; whether it did (said on stderr, naming
+    /// `what`, when it did not).
+    fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Daemon) -> bool) -> bool {
         let t = Instant::now();
         while t.elapsed() < limit {
-            if done(&self.serial(name)) {
+            if done(self) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        done(&self.serial(name))
+        let held = done(self);
+        if !held {
+            eprintln!("{}: not {what} after {limit:?}", self.dir.display());
+        }
+        held
+    }
+
+    /// Waits until `done` holds of the domain's serial console, up to `limit`.
+    fn wait_serial(&self, name: &str, limit: Duration, done: impl Fn(&str) -> bool) -> bool {
+        self.wait_until("the awaited serial output", limit, |d| {
+            done(&d.serial(name))
+        })
     }
 
     /// Waits (up to 30 s) until the hook has stopped every server of the domain; whether it did.
     fn servers_gone(&self, name: &str) -> bool {
-        let t = Instant::now();
-        while self.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.servers(name) == 0
+        self.wait_until("every server stopped", Duration::from_secs(30), |d| {
+            d.servers(name) == 0
+        })
     }
 
     /// Whether the daemon knows the domain (running, or defined and shut off).
@@ -289,15 +299,9 @@ impl Daemon {
             .any(|l| l.trim() == name)
     }
 
+    /// Waits until the domain is in state `want`, up to `limit`.
     fn wait_state(&self, name: &str, want: &str, limit: Duration) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if self.state(name) == want {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        self.state(name) == want
+        self.wait_until(&format!("{name} {want}"), limit, |d| d.state(name) == want)
     }
 }
 
@@ -445,11 +449,7 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     );
     let _ = d.virsh(&["destroy", name]);
     d.ok(&["undefine", name]);
-    let t = Instant::now();
-    while d.servers(name) > 0 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(d.servers(name), 0, "release left a server:\n{}", d.logs());
+    assert!(d.servers_gone(name), "release left a server:\n{}", d.logs());
     let hook = d.file("log/gmig-hook.log");
     assert!(hook.contains(&format!("{name}: release")), "{hook}");
     assert!(hook.contains("stopped gmig serve"), "{hook}");
@@ -813,12 +813,11 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     // The guest has powered off by now; libvirt removes a transient domain once it sees that,
     // which may be before or after this `destroy` (so its answer is not asserted).
     let _ = src.virsh(&["destroy", name]);
-    let t = Instant::now();
-    while src.knows(name) && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let gone = src.wait_until(&format!("{name} gone"), Duration::from_secs(30), |d| {
+        !d.knows(name)
+    });
     assert!(
-        !src.knows(name),
+        gone,
         "the returned domain was not transient on the source: {}",
         src.state(name)
     );
