@@ -104,21 +104,8 @@ impl DisplayRegion {
     /// The answer while nothing is shown: a primary plane of size 0 in this region.
     pub fn nothing() -> GfxPlane {
         GfxPlane {
-            argsz: GfxPlane::LEN as u32,
-            flags: 0,
-            drm_plane_type: DRM_PLANE_TYPE_PRIMARY,
-            drm_format: 0,
-            drm_format_mod: 0,
-            width: 0,
-            height: 0,
-            stride: 0,
-            size: 0,
-            x_pos: 0,
-            y_pos: 0,
-            x_hot: 0,
-            y_hot: 0,
             region_index: Self::INDEX,
-            reserved: 0,
+            ..GfxPlane::new(0, DRM_PLANE_TYPE_PRIMARY)
         }
     }
 }

@@ -5,47 +5,33 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
-use gmig_cmdparser::{Gen, VgpuSlices};
+use gmig_cmdparser::VgpuSlices;
 use gmig_qemu_bridge::client::{Client, ClientError};
 use gmig_qemu_bridge::proto::{
     Command, Feature, GfxPlane, DRM_FORMAT_XRGB8888, FEATURE_GET, FEATURE_GFX_PLANE, FEATURE_PROBE,
     GFX_PLANE_DMABUF, GFX_PLANE_PROBE, GFX_PLANE_REGION,
 };
-use gmig_qemu_bridge::server::Server;
 use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
-use gmig_vgpu::gm::{HostConfig, VgpuType};
+use gmig_vgpu::gm::VgpuType;
 use gmig_vgpu::mmio;
 use gmig_vgpu::regs::display::{PLANE_CTL_A, PLANE_SIZE_A, PLANE_STRIDE_A, PLANE_SURF_A};
 
+mod common;
+
 const TY: VgpuType = VgpuType::V5_8;
 
-fn spawn(slices: VgpuSlices, monitor: bool) -> (PathBuf, JoinHandle<()>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gmig.sock");
-    let listener = UnixListener::bind(&path).unwrap();
+fn spawn(
+    slices: VgpuSlices,
+    monitor: bool,
+) -> (PathBuf, JoinHandle<VgpuBackend>, tempfile::TempDir) {
     let spec = VgpuSpec {
-        gen: Gen::Gen9,
-        ty: TY,
-        slices,
-        aperture: HostConfig::default().aperture_size,
-        profile: None,
-        gpu_pace: None,
-        ram_by_vmm: true,
-        remap: true,
-        max_drain: gmig_core::migration::Drain::CARRY,
-        gpu_ahead: 0,
         monitor,
+        ..common::spec(TY, slices, true)
     };
-    let t = thread::spawn(move || {
-        let mut server = Server::new(VgpuBackend::new(spec));
-        let (s, _) = listener.accept().unwrap();
-        server.serve(s).unwrap();
-    });
-    (path, t, dir)
+    common::serve(spec, 1)
 }
 
 fn errno<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
@@ -57,23 +43,7 @@ fn errno<T: std::fmt::Debug>(r: Result<T, ClientError>) -> i32 {
 
 /// A GFX_PLANE GET with `flags`; the reply's plane.
 fn query(c: &mut Client, flags: u32) -> Result<GfxPlane, ClientError> {
-    let req = GfxPlane {
-        argsz: GfxPlane::LEN as u32,
-        flags,
-        drm_plane_type: 0,
-        drm_format: 0,
-        drm_format_mod: 0,
-        width: 0,
-        height: 0,
-        stride: 0,
-        size: 0,
-        x_pos: 0,
-        y_pos: 0,
-        x_hot: 0,
-        y_hot: 0,
-        region_index: 0,
-        reserved: 0,
-    };
+    let req = GfxPlane::new(flags, 0);
     let payload = Feature::to_bytes(FEATURE_GET | FEATURE_GFX_PLANE, &req.to_bytes());
     let reply = c.request(Command::DeviceFeature, &payload, &[])?;
     let (f, data) = Feature::parse(&reply).expect("a feature reply");

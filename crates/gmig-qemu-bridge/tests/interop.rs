@@ -7,45 +7,26 @@
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::UnixListener;
-use std::thread;
 
-use gmig_cmdparser::Gen;
-use gmig_qemu_bridge::server::Server;
-use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
+use gmig_qemu_bridge::vgpu_backend::VgpuSpec;
 use gmig_vgpu::gm::{HostConfig, VgpuType};
 use gmig_vgpu::mmio;
+
+mod common;
 
 const RAM: u64 = 32 << 20;
 
 #[test]
 fn the_rust_vmm_vfio_user_client_attaches_to_the_served_vgpu() {
     let (s, _) = gmig_test_support::moved_slices(VgpuType::V5_8);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gmig.sock");
-    let listener = UnixListener::bind(&path).unwrap();
     let spec = VgpuSpec {
-        gen: Gen::Gen9,
-        ty: VgpuType::V5_8,
-        slices: s,
-        aperture: HostConfig::default().aperture_size,
-        profile: None,
-        gpu_pace: None,
-        ram_by_vmm: false,
-        remap: true,
         max_drain: gmig_core::migration::MigrationConfig::new(
             gmig_core::migration::Policy::OneShotNarrow,
         )
         .max_drain,
-        gpu_ahead: 0,
-        monitor: true,
+        ..common::spec(VgpuType::V5_8, s, false)
     };
-    let server = thread::spawn(move || {
-        let mut server = Server::new(VgpuBackend::new(spec));
-        let (sock, _) = listener.accept().unwrap();
-        server.serve(sock).unwrap();
-        server.into_device()
-    });
+    let (path, server, _dir) = common::serve(spec, 1);
 
     let mut c = vfio_user::Client::new(&path).expect("rust-vmm client attaches");
     // Regions as it enumerated them: BAR0 16 MiB, BAR2 the aperture, config space 256 bytes,

@@ -7,18 +7,19 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
-use gmig_cmdparser::{Gen, VgpuSlices};
+use gmig_cmdparser::VgpuSlices;
 use gmig_qemu_bridge::client::{Client, ClientError};
 use gmig_qemu_bridge::proto::{Command, Header, Put, Reader, FLAG_ERROR, HEADER_LEN};
-use gmig_qemu_bridge::server::Server;
 use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
-use gmig_vgpu::gm::{HostConfig, VgpuType};
+use gmig_vgpu::gm::VgpuType;
 use gmig_vgpu::mmio;
 use gmig_vgpu::workload::Profile;
+
+mod common;
 
 const TY: VgpuType = VgpuType::V5_8;
 const CONFIG: u32 = 7;
@@ -53,31 +54,11 @@ fn spawn_with(
     clients: usize,
     profile: Option<Profile>,
 ) -> (PathBuf, JoinHandle<VgpuBackend>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gmig.sock");
-    let listener = UnixListener::bind(&path).unwrap();
     let spec = VgpuSpec {
-        gen: Gen::Gen9,
-        ty: TY,
-        slices,
-        aperture: HostConfig::default().aperture_size,
         profile: profile.map(|p| (p, 5)),
-        gpu_pace: None,
-        ram_by_vmm: true,
-        remap: true,
-        max_drain: gmig_core::migration::Drain::CARRY,
-        gpu_ahead: 0,
-        monitor: true,
+        ..common::spec(TY, slices, true)
     };
-    let t = thread::spawn(move || {
-        let mut server = Server::new(VgpuBackend::new(spec));
-        for _ in 0..clients {
-            let (s, _) = listener.accept().unwrap();
-            server.serve(s).unwrap();
-        }
-        server.into_device()
-    });
-    (path, t, dir)
+    common::serve(spec, clients)
 }
 
 fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> i32 {

@@ -4,20 +4,20 @@
 //! GGTT slices, on the destination client's RAM — equals the same workload never migrated.
 
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 
-use gmig_cmdparser::{Gen, VgpuSlices};
+use gmig_cmdparser::VgpuSlices;
 use gmig_qemu_bridge::client::Client;
-use gmig_qemu_bridge::server::Server;
 use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec};
 use gmig_vfio_migration::DeviceState;
 use gmig_vgpu::compare::compare_guest_visible;
-use gmig_vgpu::gm::{HostConfig, VgpuType};
+use gmig_vgpu::gm::VgpuType;
 use gmig_vgpu::migratable::VgpuVm;
 use gmig_vgpu::mmio;
 use gmig_vgpu::workload::{Profile, WorkloadConfig};
+
+mod common;
 
 const RAM: u64 = 32 << 20;
 const TY: VgpuType = VgpuType::V5_8;
@@ -36,29 +36,13 @@ fn spawn(
     profile: Option<Profile>,
     remap: bool,
 ) -> (PathBuf, JoinHandle<VgpuBackend>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("gmig.sock");
-    let listener = UnixListener::bind(&path).unwrap();
     let spec = VgpuSpec {
-        gen: Gen::Gen9,
-        ty: TY,
-        slices,
-        aperture: HostConfig::default().aperture_size,
         profile: profile.map(|p| (p, SEED)),
-        gpu_pace: None,
-        ram_by_vmm: false,
         remap,
-        max_drain: gmig_core::migration::Drain::CARRY,
         gpu_ahead: if profile.is_some() { GPU_AHEAD } else { 0 },
-        monitor: true,
+        ..common::spec(TY, slices, false)
     };
-    let t = thread::spawn(move || {
-        let mut server = Server::new(VgpuBackend::new(spec));
-        let (s, _) = listener.accept().unwrap();
-        server.serve(s).unwrap();
-        server.into_device()
-    });
-    (path, t, dir)
+    common::serve(spec, 1)
 }
 
 fn attach(path: &std::path::Path) -> (Client, std::fs::File) {

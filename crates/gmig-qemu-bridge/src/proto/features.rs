@@ -125,6 +125,28 @@ wire_struct! {
 }
 
 impl GfxPlane {
+    /// A plane of type `drm_plane_type` with `flags`, every other field zero (`argsz` 64): the
+    /// data of a request, and of a reply while nothing is shown.
+    pub fn new(flags: u32, drm_plane_type: u32) -> Self {
+        GfxPlane {
+            argsz: Self::LEN as u32,
+            flags,
+            drm_plane_type,
+            drm_format: 0,
+            drm_format_mod: 0,
+            width: 0,
+            height: 0,
+            stride: 0,
+            size: 0,
+            x_pos: 0,
+            y_pos: 0,
+            x_hot: 0,
+            y_hot: 0,
+            region_index: 0,
+            reserved: 0,
+        }
+    }
+
     /// Decodes a plane; the bytes after it are refused by the caller.
     pub fn parse(p: &[u8]) -> Result<(Self, &[u8]), ProtoError> {
         with_rest(p, Self::read_fields)
