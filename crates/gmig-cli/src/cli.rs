@@ -474,6 +474,29 @@ pub struct BenchMigrateArgs {
     pub common: BenchCommonArgs,
 }
 
+/// The KVM guest of `gmig bench vm` and of each VM of `gmig bench evacuate`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchGuestArgs {
+    /// Frames each guest renders before it halts.
+    #[arg(long, default_value_t = 48)]
+    pub frames: u32,
+    /// The migrations start once every guest has completed this many frames (below `--frames`).
+    #[arg(long, default_value_t = 16)]
+    pub at_frame: u64,
+    /// Pages of ordinary guest RAM each guest's CPU rewrites every frame (its CPU dirty rate).
+    #[arg(long, default_value_t = 64)]
+    pub scratch_pages: u32,
+    /// Framebuffer width.
+    #[arg(long, default_value_t = 256)]
+    pub width: u32,
+    /// Framebuffer height.
+    #[arg(long, default_value_t = 192)]
+    pub height: u32,
+    /// Seed of the guest's random choices (`bench evacuate`: VM i uses seed + i).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
 #[derive(Debug, Args)]
 pub struct BenchVmArgs {
     /// Guest programs (comma-separated: desktop, compute; default both).
@@ -488,27 +511,11 @@ pub struct BenchVmArgs {
     /// Repetitions per row.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Frames the guest renders before it halts.
-    #[arg(long, default_value_t = 48)]
-    pub frames: u32,
-    /// The migration starts once the guest has completed this many frames.
-    #[arg(long, default_value_t = 16)]
-    pub at_frame: u64,
-    /// Pages of ordinary guest RAM the guest's CPU rewrites every frame (its CPU dirty rate).
-    #[arg(long, default_value_t = 64)]
-    pub scratch_pages: u32,
-    /// Framebuffer width.
-    #[arg(long, default_value_t = 256)]
-    pub width: u32,
-    /// Framebuffer height.
-    #[arg(long, default_value_t = 192)]
-    pub height: u32,
+    #[command(flatten)]
+    pub guest: BenchGuestArgs,
     /// Guest exits between two pre-copy rounds.
     #[arg(long, default_value_t = 64)]
     pub round_exits: u64,
-    /// Seed of the guest's random choices.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
     /// Dirty-log modes to compare (comma-separated: auto, manual, get; default auto).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub dirty_log: Vec<DirtyLogArg>,
@@ -536,28 +543,12 @@ pub struct BenchEvacuateArgs {
     /// Guest RAM of each VM, MiB.
     #[arg(long, default_value_t = 512)]
     pub ram_mib: u64,
-    /// Frames each guest renders before it halts.
-    #[arg(long, default_value_t = 48)]
-    pub frames: u32,
-    /// The migrations start once every guest has completed this many frames.
-    #[arg(long, default_value_t = 16)]
-    pub at_frame: u64,
-    /// Pages of ordinary guest RAM each guest's CPU rewrites every frame.
-    #[arg(long, default_value_t = 64)]
-    pub scratch_pages: u32,
-    /// Framebuffer width.
-    #[arg(long, default_value_t = 256)]
-    pub width: u32,
-    /// Framebuffer height.
-    #[arg(long, default_value_t = 192)]
-    pub height: u32,
+    #[command(flatten)]
+    pub guest: BenchGuestArgs,
     /// Guest exits between two pre-copy rounds (with at most 8 rounds, about 8 frames of the
     /// guest's run at 16: the guest keeps some of its run for its destination).
     #[arg(long, default_value_t = 16)]
     pub round_exits: u64,
-    /// Seed of the first guest (VM i uses seed + i).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
     /// Run the sources on these CPUs (e.g. `0-7`), as on a host of their own; with
     /// `--dest-cpus`, disjoint from it.
     #[arg(long, requires = "dest_cpus")]

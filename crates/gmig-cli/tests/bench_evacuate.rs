@@ -3,50 +3,40 @@
 //! unmigrated runs. Control: with the vGPU's DMA log left out of RAM pre-copy, the pages the
 //! vGPU wrote are missed and the check fails. Needs /dev/kvm; skips loudly without it.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
 mod common;
 use common::{f, u};
-
-fn kvm() -> bool {
-    let ok = std::path::Path::new("/dev/kvm").exists();
-    if !ok {
-        eprintln!("SKIP: /dev/kvm is absent, so no real KVM guests to evacuate");
-    }
-    ok
-}
+#[path = "common/kvm_bench.rs"]
+mod kvm_bench;
+use kvm_bench::{bench_json, kvm};
 
 fn evacuate(vms: &str, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gmig"))
-        .args([
-            "--json",
-            "bench",
-            "evacuate",
-            "--vms",
-            vms,
-            "--links",
-            "1",
-            "--ram-mib",
-            "16",
-            "--frames",
-            "10",
-            "--at-frame",
-            "2",
-            "--scratch-pages",
-            "16",
-            "--round-exits",
-            "16",
-        ])
-        .args(extra)
-        .output()
-        .expect("gmig runs")
+    let mut args = vec![
+        "--vms",
+        vms,
+        "--links",
+        "1",
+        "--ram-mib",
+        "16",
+        "--frames",
+        "10",
+        "--at-frame",
+        "2",
+        "--scratch-pages",
+        "16",
+        "--round-exits",
+        "16",
+    ];
+    args.extend_from_slice(extra);
+    bench_json("evacuate", &args)
 }
 
 #[test]
 fn two_vms_evacuated_at_once_are_identical_to_their_unmigrated_runs() {
-    if !kvm() {
+    if !kvm("real KVM guests to evacuate") {
         return;
     }
     let out = evacuate("2", &[]);

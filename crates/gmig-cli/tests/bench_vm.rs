@@ -7,25 +7,18 @@ use serde_json::Value;
 
 mod common;
 use common::{f, u};
-
-fn kvm() -> bool {
-    let ok = std::path::Path::new("/dev/kvm").exists();
-    if !ok {
-        eprintln!("SKIP: /dev/kvm is absent, so no real KVM guest to migrate");
-    }
-    ok
-}
+#[path = "common/kvm_bench.rs"]
+mod kvm_bench;
+use kvm_bench::{bench_json, kvm};
 
 #[test]
 fn a_tiny_vm_matrix_is_consistent_and_identical() {
-    if !kvm() {
+    if !kvm("real KVM guest to migrate") {
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_gmig"))
-        .args([
-            "--json",
-            "bench",
-            "vm",
+    let out = bench_json(
+        "vm",
+        &[
             "--profiles",
             "compute",
             "--ram-mib",
@@ -44,9 +37,8 @@ fn a_tiny_vm_matrix_is_consistent_and_identical() {
             "get,auto",
             "--thp",
             "off,on",
-        ])
-        .output()
-        .expect("gmig runs");
+        ],
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use anyhow::anyhow;
 use gmig_vmm::migrate::Options;
-use gmig_vmm::{GuestConfig, GuestProfile};
+use gmig_vmm::GuestProfile;
 use serde::Serialize;
 
 use super::bench_matrix::{link_name, median, parse_link};
@@ -132,9 +132,7 @@ pub fn evacuate(a: &BenchEvacuateArgs, json: bool) -> Result<(), Failure> {
     if a.ram_mib == 0 || a.ram_mib.checked_mul(1 << 20).is_none() {
         return Err(anyhow!("--ram-mib must be at least 1 and fit in 64 bits of bytes").into());
     }
-    if a.at_frame >= u64::from(a.frames) {
-        return Err(anyhow!("--at-frame must be below --frames").into());
-    }
+    super::bench_vm::check_guest(&a.guest)?;
     if !std::path::Path::new("/dev/kvm").exists() {
         return Err(
             anyhow!("/dev/kvm is absent: `gmig bench evacuate` runs real KVM guests").into(),
@@ -144,16 +142,9 @@ pub fn evacuate(a: &BenchEvacuateArgs, json: bool) -> Result<(), Failure> {
     let base = EvacuationCase {
         vms: 1,
         link_gbps: None,
-        guest: GuestConfig {
-            profile: GuestProfile::Desktop,
-            frames: a.frames,
-            width: a.width,
-            height: a.height,
-            scratch_pages: a.scratch_pages,
-            seed: a.seed,
-        },
+        guest: super::bench_vm::guest_config(&a.guest, GuestProfile::Desktop),
         ram_bytes: a.ram_mib << 20,
-        at_frame: a.at_frame,
+        at_frame: a.guest.at_frame,
         opts: Options {
             round_exits: a.round_exits,
             gpu_dirty: !a.x_no_gpu_dirty,
@@ -227,7 +218,7 @@ pub fn evacuate(a: &BenchEvacuateArgs, json: bool) -> Result<(), Failure> {
         "pinning": pinning,
         "guest": base.guest,
         "ram_mib": a.ram_mib,
-        "at_frame": a.at_frame,
+        "at_frame": a.guest.at_frame,
         "rows": rows,
         "evacuations": raw,
     });

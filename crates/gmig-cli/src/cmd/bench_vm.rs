@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::bench_matrix::{link_name, median, median_u, parse_link};
 use super::bench_report::{command_line, machine};
 use crate::bench::Summary;
-use crate::cli::{BenchVmArgs, DirtyLogArg, OnOff};
+use crate::cli::{BenchGuestArgs, BenchVmArgs, DirtyLogArg, OnOff};
 use crate::exit::Failure;
 
 /// One case of the matrix, condensed over its repetitions (medians unless said).
@@ -145,14 +145,33 @@ fn row_of(
     })
 }
 
+/// Refuses guest arguments of `gmig bench vm` and `gmig bench evacuate` that cannot migrate:
+/// the migration must start before the guest's last frame.
+pub(super) fn check_guest(g: &BenchGuestArgs) -> anyhow::Result<()> {
+    if g.at_frame >= u64::from(g.frames) {
+        return Err(anyhow!("--at-frame must be below --frames"));
+    }
+    Ok(())
+}
+
+/// The guest `g` describes, running `profile`.
+pub(super) fn guest_config(g: &BenchGuestArgs, profile: GuestProfile) -> GuestConfig {
+    GuestConfig {
+        profile,
+        frames: g.frames,
+        width: g.width,
+        height: g.height,
+        scratch_pages: g.scratch_pages,
+        seed: g.seed,
+    }
+}
+
 /// Run `gmig bench vm`.
 pub fn vm(a: &BenchVmArgs, json: bool) -> Result<(), Failure> {
     if a.reps == 0 {
         return Err(anyhow!("--reps must be at least 1").into());
     }
-    if a.at_frame >= u64::from(a.frames) {
-        return Err(anyhow!("--at-frame must be below --frames").into());
-    }
+    check_guest(&a.guest)?;
     let profiles = if a.profiles.is_empty() {
         GuestProfile::ALL.to_vec()
     } else {
@@ -252,14 +271,7 @@ fn vm_row(
     mode: DirtyLogArg,
     thp: OnOff,
 ) -> anyhow::Result<VmRow> {
-    let cfg = GuestConfig {
-        profile,
-        frames: a.frames,
-        width: a.width,
-        height: a.height,
-        scratch_pages: a.scratch_pages,
-        seed: a.seed,
-    };
+    let cfg = guest_config(&a.guest, profile);
     let opts = Options {
         round_exits: a.round_exits,
         link_gbps: link,
@@ -269,11 +281,11 @@ fn vm_row(
     let vm = super::vm::vm_options(mode, thp);
     let mut runs = Vec::with_capacity(a.reps);
     for _ in 0..a.reps {
-        let r = loopback_with(&cfg, ram_mib << 20, a.at_frame, &opts, &vm)
+        let r = loopback_with(&cfg, ram_mib << 20, a.guest.at_frame, &opts, &vm)
             .map_err(|e| anyhow!("{} guest, {ram_mib} MiB: {e}", profile.name()))?;
         runs.push(r);
     }
-    row_of(profile, ram_mib, link, a.scratch_pages, vm.thp, &runs)
+    row_of(profile, ram_mib, link, a.guest.scratch_pages, vm.thp, &runs)
 }
 
 /// The rows as a Markdown table.
