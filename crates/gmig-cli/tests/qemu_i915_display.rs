@@ -10,7 +10,7 @@
 //!
 //! QEMU shows it too: with `vfio-user-pci,display=on` (gmig's QEMU patch 0006: the plane over
 //! vfio-user as a region-type GFX plane) QMP `screendump` equals the same image, pixel for
-//! pixel; with `display` off (the fbcon test) QEMU has no console to take a screendump from.
+//! pixel; with `display` off (the no-monitor test) QEMU has no console to take a screendump from.
 //!
 //! Across a live migration (QEMU with gmig's patches) to a `gmig serve` in another slot, the
 //! destination's screen (its `--screen` PNG and its QEMU's `screendump`) equals the source's
@@ -205,13 +205,47 @@ fn assert_clean(console: &str) {
     }
 }
 
+/// i915 loaded, found one connected connector (the smallest type's monitor: 1024x768 on
+/// DisplayPort) and brought fbcon up on it.
+fn assert_monitor_lit_and_fbcon_up(console: &str) {
+    let log = kernel_log(console);
+    assert!(
+        lines(console, "GMIG-I915: ").contains(&"modprobe exit 0"),
+        "modprobe i915 failed\n{log}"
+    );
+    let conns = lines(console, "GMIG-CONN: ");
+    eprintln!("connectors: {conns:#?}");
+    let connected: Vec<_> = conns
+        .iter()
+        .filter(|c| c.split_whitespace().nth(1) == Some("connected"))
+        .collect();
+    assert_eq!(
+        connected.len(),
+        1,
+        "one connector is connected: {conns:?}\n{log}"
+    );
+    let c = connected[0];
+    assert!(c.contains("-DP-"), "{c}");
+    assert!(c.ends_with(" 1024x768"), "{c}: its preferred mode");
+    assert!(
+        log.contains("fb0: i915drmfb frame buffer device"),
+        "no fbcon on the vGPU\n{log}"
+    );
+    let fbs = lines(console, "GMIG-FB: ");
+    assert!(
+        fbs.contains(&"fb0 i915drmfb 1024,768"),
+        "frame buffers: {fbs:?}"
+    );
+}
+
+/// The negative controls, in one boot with the monitor removed (`--x-no-monitor`) and QEMU's
+/// `display` off (its default): i915 finds no connected connector and brings up no fbcon, and
+/// QEMU has no console to take a screendump from.
 #[test]
-fn linux_i915_lights_the_virtual_monitor_and_fbcon_comes_up() {
+fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
     let _one = one_at_a_time();
-    // The control of QEMU's display: with `display` off (QEMU's default) QEMU has no console
-    // to take a screendump from while the guest's console is up.
     let mut dump = None;
-    let Some((console, server)) = boot(&[], None, false, |vm, dir, has_display| {
+    let Some((console, _)) = boot(&["--x-no-monitor"], None, false, |vm, dir, has_display| {
         if has_display {
             let up = vm.wait_for(Duration::from_secs(300), |l| {
                 l.trim_end_matches('\r') == "GMIG-I915: modprobe exit 0"
@@ -235,47 +269,6 @@ fn linux_i915_lights_the_virtual_monitor_and_fbcon_comes_up() {
         "modprobe i915 failed\n{log}"
     );
     let conns = lines(&console, "GMIG-CONN: ");
-    eprintln!("connectors: {conns:#?}");
-    let connected: Vec<_> = conns
-        .iter()
-        .filter(|c| c.split_whitespace().nth(1) == Some("connected"))
-        .collect();
-    assert_eq!(
-        connected.len(),
-        1,
-        "one connector is connected: {conns:?}\n{log}"
-    );
-    // The smallest type's monitor: 1024x768, on a DisplayPort connector.
-    let c = connected[0];
-    assert!(c.contains("-DP-"), "{c}");
-    assert!(c.ends_with(" 1024x768"), "{c}: its preferred mode");
-    assert!(
-        log.contains("fb0: i915drmfb frame buffer device"),
-        "no fbcon on the vGPU\n{log}"
-    );
-    let fbs = lines(&console, "GMIG-FB: ");
-    assert!(
-        fbs.contains(&"fb0 i915drmfb 1024,768"),
-        "frame buffers: {fbs:?}"
-    );
-    assert_clean(&console);
-    for bad in ["fault", "ERROR", "WARN"] {
-        assert!(!server.contains(bad), "the server logged {bad}: {server}");
-    }
-}
-
-#[test]
-fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
-    let _one = one_at_a_time();
-    let Some((console, _)) = boot(&["--x-no-monitor"], None, false, |_, _, _| {}) else {
-        return;
-    };
-    let log = kernel_log(&console);
-    assert!(
-        lines(&console, "GMIG-I915: ").contains(&"modprobe exit 0"),
-        "modprobe i915 failed\n{log}"
-    );
-    let conns = lines(&console, "GMIG-CONN: ");
     assert!(
         conns
             .iter()
@@ -286,8 +279,10 @@ fn without_the_monitor_i915_finds_no_connector_and_no_fbcon() {
     assert!(lines(&console, "GMIG-FB: ").is_empty());
 }
 
+/// One boot with the monitor: i915 lights it and fbcon comes up on it (checked from the probe's
+/// lines, printed before the program runs), then the program's KMS image reaches the host.
 #[test]
-fn the_host_sees_the_image_the_guest_shows_through_kms() {
+fn i915_lights_the_monitor_fbcon_comes_up_and_the_host_sees_the_kms_image() {
     let _one = one_at_a_time();
     let want = kms_image(1024, 768, 1);
     let mut seen = None;
@@ -315,6 +310,7 @@ fn the_host_sees_the_image_the_guest_shows_through_kms() {
         return;
     };
     let log = kernel_log(&console);
+    assert_monitor_lit_and_fbcon_up(&console);
     let kms = lines(&console, "GMIG-KMS: ");
     eprintln!("{kms:#?}");
     assert!(
