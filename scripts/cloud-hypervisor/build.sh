@@ -15,7 +15,10 @@
 # README.md). micro_http, the one git dependency, comes from the shared copy: vmm/Cargo.toml's git
 # dependency is rewritten to a path dependency (the build never reaches GitHub; crates.io is
 # reached through cargo). After extracting, every integrations/cloud-hypervisor/patches/*.patch
-# is applied in sorted name order with `patch -p1`.
+# is applied in sorted name order with `patch -p1`. A folder `patches/<crate>-<version>/` holds
+# patches to a crates.io dependency: the build fetches the dependencies (`cargo fetch`), checks the
+# crate's .crate file against Cargo.lock's checksum, extracts it beside the tree, applies the
+# folder's *.patch in name order and points the workspace at it (`[patch.crates-io]`).
 #
 # Profile: upstream's release profile (opt-level "s", strip) without its fat LTO and single
 # codegen unit (CARGO_PROFILE_RELEASE_LTO=false, CODEGEN_UNITS=16): those make the final link a
@@ -32,7 +35,7 @@
 #                                                 not its crates.io dependencies)
 #   CACHE/.build.lock                             flock(1) lock: concurrent callers wait, one builds
 # key = sha256 over: both tarballs' sha256, a recipe string (cargo command, profile overrides),
-# and each patch's file name and sha256, in sorted order.
+# and each patch's path under patches/ and sha256, in sorted order.
 #
 # Environment:
 #   GMIG_CACHE    cache root (default $HOME/.cache/gmig)
@@ -75,19 +78,28 @@ done
 cargo_args=(build --release -p cloud-hypervisor --bin cloud-hypervisor --bin ch-remote)
 profile_env=(CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16)
 # Part of the key: bump when the recipe changes in a way the strings do not show.
-recipe="v1 micro_http=path cargo=${cargo_args[*]} env=${profile_env[*]}"
+recipe="v2 micro_http=path crate-patches=fetch+patch.crates-io cargo=${cargo_args[*]} env=${profile_env[*]}"
 
-patches=()
+patches=()       # to the tree
+crate_dirs=()    # patches/<crate>-<version>/: patches to a crates.io dependency
 if [[ -d $patch_dir ]]; then
     while IFS= read -r -d '' p; do patches+=("$p"); done \
         < <(find "$patch_dir" -maxdepth 1 -type f -name '*.patch' -print0 | LC_ALL=C sort -z)
+    while IFS= read -r -d '' p; do crate_dirs+=("$p"); done \
+        < <(find "$patch_dir" -mindepth 1 -maxdepth 1 -type d -print0 | LC_ALL=C sort -z)
 fi
+crate_patches() { find "$1" -maxdepth 1 -type f -name '*.patch' -print0 | LC_ALL=C sort -z; }
 
 key_material="tarball $(basename "$ch_tarball") $(sha256sum "$ch_tarball" | cut -d' ' -f1)"$'\n'
 key_material+="tarball $(basename "$mh_tarball") $(sha256sum "$mh_tarball" | cut -d' ' -f1)"$'\n'
 key_material+="recipe $recipe"$'\n'
 for p in ${patches[@]+"${patches[@]}"}; do
     key_material+="patch $(basename "$p") $(sha256sum "$p" | cut -d' ' -f1)"$'\n'
+done
+for d in ${crate_dirs[@]+"${crate_dirs[@]}"}; do
+    while IFS= read -r -d '' p; do
+        key_material+="patch $(basename "$d")/$(basename "$p") $(sha256sum "$p" | cut -d' ' -f1)"$'\n'
+    done < <(crate_patches "$d")
 done
 key=$(printf '%s' "$key_material" | sha256sum | cut -d' ' -f1)
 
@@ -183,6 +195,33 @@ echo "=== vmm/Cargo.toml: micro_http from ../../micro-http" >>"$log"
 for p in ${patches[@]+"${patches[@]}"}; do
     run "applying $(basename "$p")" patch -p1 -d "$src" --forward --batch -i "$p"
 done
+
+# Patched crates.io dependencies (patches/<crate>-<version>/), from cargo's own download.
+if ((${#crate_dirs[@]} > 0)); then
+    (cd "$src" && run "cargo fetch" cargo fetch)
+    registry=${CARGO_HOME:-$HOME/.cargo}/registry/cache
+    printf '\n[patch.crates-io]\n' >>"$src/Cargo.toml"
+    for d in "${crate_dirs[@]}"; do
+        base=$(basename "$d")
+        crate=${base%-*} version=${base##*-}
+        file=$(find "$registry" -name "$base.crate" -print -quit)
+        [[ -n $file ]] || fail "cargo fetch left no $base.crate under $registry"
+        want=$(awk -v n="$crate" -v v="$version" '
+            $0 == "name = \"" n "\"" { hit = 1; next }
+            hit && $0 == "version = \"" v "\"" { ok = 1; next }
+            hit && ok && /^checksum = / { gsub(/"/, "", $3); print $3; exit }
+            /^$/ { hit = 0; ok = 0 }' "$src/Cargo.lock")
+        [[ -n $want ]] || fail "Cargo.lock has no checksum for $crate $version (has the source changed?)"
+        [[ $(sha256sum "$file" | cut -d' ' -f1) == "$want" ]] \
+            || fail "$file does not match Cargo.lock's checksum $want"
+        run "extracting $base.crate" tar -xzf "$file" -C "$src_root"
+        while IFS= read -r -d '' p; do
+            run "applying $base/$(basename "$p")" patch -p1 -d "$src_root/$base" --forward --batch -i "$p"
+        done < <(crate_patches "$d")
+        printf '%s = { path = "../%s" }\n' "$crate" "$base" >>"$src/Cargo.toml"
+        echo "=== Cargo.toml: [patch.crates-io] $crate from ../$base" >>"$log"
+    done
+fi
 
 (
     cd "$src"
