@@ -27,7 +27,7 @@ pub const PHASE_FRAMES: u64 = 3;
 
 /// Frames of the test guests: enough that every switch-over point leaves most of the run to the
 /// destination.
-pub const FRAMES: u32 = 40;
+pub const FRAMES: u32 = 24;
 
 /// Enough exits for any test guest to finish.
 pub const ALL: u64 = 50_000_000;
