@@ -29,79 +29,17 @@
 //! installable, no mount namespaces), where QEMU's source tarball is absent, or (the `gmig vm
 //! run` reference checksum of the first test only) where `/dev/kvm` is absent.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gmig_test_support::qemu::{
-    checksum_line, qemu_source_present, repo_root, Serve, Tools, Vm, VmSpec,
+use gmig_test_support::libvirt::{
+    self, frame_sums, last_frame, libvirt_ready, qemu_patched, text, Daemon, NetPair,
 };
+use gmig_test_support::qemu::{checksum_line, qemu_source_present, Tools};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
-}
-
-fn lab() -> PathBuf {
-    repo_root().join("integrations/libvirt/lab.sh")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-/// Runs `lab.sh ARGS`, returning its output (stdout and stderr) or why it failed.
-fn lab_run(args: &[&str]) -> Result<String, String> {
-    let o = Command::new(lab())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("lab.sh: {e}"))?;
-    if o.status.success() {
-        Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-    } else {
-        Err(format!(
-            "lab.sh {} ({}): {}",
-            args.join(" "),
-            o.status,
-            text(&o)
-        ))
-    }
-}
-
-/// Whether libvirtd can run here (its packages installed first, as the scripts do, once for
-/// all the tests); says why loudly when not.
-fn libvirt_ready() -> bool {
-    static READY: OnceLock<Result<(), String>> = OnceLock::new();
-    let ready = READY.get_or_init(|| {
-        if !is_root() {
-            return Err("not root: a private system libvirtd needs root".into());
-        }
-        lab_run(&["install"])
-            .map_err(|e| format!("libvirt's packages could not be installed: {e}"))?;
-        lab_run(&["check"]).map_err(|e| format!("libvirtd cannot run here: {e}"))?;
-        Ok(())
-    });
-    if let Err(why) = ready {
-        eprintln!("SKIPPED: {why}");
-    }
-    ready.is_ok()
-}
-
-/// Whether the effective user is root (from /proc/self/status: Uid: real effective ...).
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// QEMU and the guest, or `None` (said loudly) where QEMU's source is not here.
@@ -128,248 +66,14 @@ fn reference(frames: u32) -> Option<String> {
     checksum_line(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// The console of the same guest in QEMU without libvirt and without migration
-/// (`scripts/qemu/run.sh`'s VM: -cpu max, memfd RAM, `gmig serve --ram-by-vmm`).
-fn unmigrated(tools: &Tools, dir: &Path, frames: u32, ram_mib: u64) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let serve = Serve::start(gmig(), dir, "gpu", &["--clients", "1"]);
-    let spec = VmSpec {
-        gpus: vec![serve.socket.clone()],
-        run: Some(format!(
-            "/bin/gmig-guest,--profile,desktop,--frames,{frames}"
-        )),
-        ram_mib,
-        ..VmSpec::default()
-    };
-    let mut vm = Vm::start(tools, &spec, dir, "qemu");
-    let status = vm.wait_exit(Duration::from_secs(600));
-    let console = vm.console();
-    assert!(
-        status.is_some_and(|s| s.success()) && console.contains("GMIG-GUEST: exit 0"),
-        "the unmigrated run failed ({status:?}):\n{console}\n{}",
-        vm.stderr_text()
-    );
-    assert!(
-        checksum_line(&console).is_some(),
-        "no checksum line in the unmigrated run:\n{console}"
-    );
-    console
-}
-
-/// Whether QEMU carries gmig's migration patches (scripts/qemu/build.sh applies every one).
-fn qemu_patched() -> bool {
-    std::fs::read_dir(repo_root().join("integrations/qemu/patches"))
-        .map(|d| {
-            d.flatten()
-                .any(|e| e.path().extension().is_some_and(|x| x == "patch"))
-        })
-        .unwrap_or(false)
-}
-
-/// A private libvirtd (`lab.sh start DIR ...`); stopped, with all it started, when dropped.
-struct Daemon {
-    dir: PathBuf,
-    uri: String,
-}
-
-impl Daemon {
-    fn start(dir: PathBuf, args: &[&str]) -> Daemon {
-        let dir_s = dir.to_string_lossy().to_string();
-        let gmig_s = gmig().to_string_lossy().to_string();
-        let mut a = vec!["start", &dir_s, "--gmig", &gmig_s];
-        a.extend_from_slice(args);
-        let uri = lab_run(&a).unwrap_or_else(|e| panic!("libvirtd did not start: {e}"));
-        Daemon { dir, uri }
-    }
-
-    fn virsh(&self, args: &[&str]) -> Output {
-        Command::new("timeout")
-            .arg("300")
-            .arg("virsh")
-            .arg("-c")
-            .arg(&self.uri)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("virsh")
-    }
-
-    /// `virsh ARGS`, which must succeed; its output.
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.virsh(args);
-        assert!(
-            o.status.success(),
-            "virsh {}: {}\n{}",
-            args.join(" "),
-            text(&o),
-            self.logs()
-        );
-        text(&o)
-    }
-
-    fn state(&self, name: &str) -> String {
-        text(&self.virsh(&["domstate", name])).trim().to_string()
-    }
-
-    fn file(&self, rel: &str) -> String {
-        String::from_utf8_lossy(&std::fs::read(self.dir.join(rel)).unwrap_or_default())
-            .replace('\r', "")
-    }
-
-    fn serial(&self, name: &str) -> String {
-        self.file(&format!("log/qemu/{name}.serial"))
-    }
-
-    /// The hook's log, QEMU's and the server's logs, libvirtd's errors: for failure messages.
-    fn logs(&self) -> String {
-        let errors: String = self
-            .file("log/libvirtd.log")
-            .lines()
-            .filter(|l| l.contains(" error : "))
-            .map(|l| format!("{l}\n"))
-            .collect();
-        let mut s = format!(
-            "--- {}: hook log:\n{}--- libvirtd errors:\n{errors}",
-            self.dir.display(),
-            self.file("log/gmig-hook.log")
-        );
-        if let Ok(d) = std::fs::read_dir(self.dir.join("log/qemu")) {
-            for e in d.flatten() {
-                let n = e.file_name().to_string_lossy().to_string();
-                if n.ends_with(".log") {
-                    let t = self.file(&format!("log/qemu/{n}"));
-                    let tail: Vec<&str> = t.lines().rev().take(25).collect();
-                    s += &format!("--- log/qemu/{n} (tail):\n");
-                    for l in tail.into_iter().rev() {
-                        s += l;
-                        s.push('\n');
-                    }
-                }
-            }
-        }
-        s
-    }
-
-    /// The hook's pid files left for the domain (its servers).
-    fn servers(&self, name: &str) -> usize {
-        std::fs::read_dir(self.dir.join("gmig/libvirt"))
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(name))
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
-    /// Polls `done` until it holds, up to `limit`; whether it did (said on stderr, naming
-    /// `what`, when it did not).
-    fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Daemon) -> bool) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if done(self) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let held = done(self);
-        if !held {
-            eprintln!("{}: not {what} after {limit:?}", self.dir.display());
-        }
-        held
-    }
-
-    /// Waits until `done` holds of the domain's serial console, up to `limit`.
-    fn wait_serial(&self, name: &str, limit: Duration, done: impl Fn(&str) -> bool) -> bool {
-        self.wait_until("the awaited serial output", limit, |d| {
-            done(&d.serial(name))
-        })
-    }
-
-    /// Waits (up to 30 s) until the hook has stopped every server of the domain; whether it did.
-    fn servers_gone(&self, name: &str) -> bool {
-        self.wait_until("every server stopped", Duration::from_secs(30), |d| {
-            d.servers(name) == 0
-        })
-    }
-
-    /// Whether the daemon knows the domain (running, or defined and shut off).
-    fn knows(&self, name: &str) -> bool {
-        text(&self.virsh(&["list", "--all", "--name"]))
-            .lines()
-            .any(|l| l.trim() == name)
-    }
-
-    /// Waits until the domain is in state `want`, up to `limit`.
-    fn wait_state(&self, name: &str, want: &str, limit: Duration) -> bool {
-        self.wait_until(&format!("{name} {want}"), limit, |d| d.state(name) == want)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = lab_run(&["stop", &self.dir.to_string_lossy()]);
-    }
-}
-
-/// Two network namespaces joined by a veth pair (`lab.sh net-up`); removed when dropped.
-struct NetPair {
-    a: String,
-    b: String,
-}
-
-impl NetPair {
-    const ADDR_A: &'static str = "10.231.31.1";
-    const ADDR_B: &'static str = "10.231.31.2";
-
-    fn up(tag: &str) -> NetPair {
-        let id = std::process::id();
-        let pair = NetPair {
-            a: format!("gmig{tag}{id}a"),
-            b: format!("gmig{tag}{id}b"),
-        };
-        let aa = format!("{}/24", Self::ADDR_A);
-        let ba = format!("{}/24", Self::ADDR_B);
-        lab_run(&["net-up", &pair.a, &aa, &pair.b, &ba])
-            .unwrap_or_else(|e| panic!("network namespaces: {e}"));
-        pair
-    }
-}
-
-impl Drop for NetPair {
-    fn drop(&mut self) {
-        let _ = lab_run(&["net-down", &self.a, &self.b]);
-    }
-}
-
-/// The domain XML of `lab.sh domain` for this guest.
+/// The domain of `lab.sh domain` for this guest, its vGPU in slot 0 (plus the daemon's offset).
 fn domain_xml(tools: &Tools, name: &str, frames: u32, ram_mib: u32) -> String {
-    let q = tools.qemu.to_string_lossy().to_string();
-    let k = tools.kernel.to_string_lossy().to_string();
-    let i = tools.initrd.to_string_lossy().to_string();
-    let f = frames.to_string();
-    let r = ram_mib.to_string();
-    lab_run(&[
-        "domain",
-        "--name",
-        name,
-        "--qemu",
-        &q,
-        "--kernel",
-        &k,
-        "--initrd",
-        &i,
-        "--frames",
-        &f,
-        "--ram-mib",
-        &r,
-    ])
-    .unwrap_or_else(|e| panic!("domain XML: {e}"))
+    libvirt::domain_xml(tools, name, frames, ram_mib, 0)
 }
 
-fn define(d: &Daemon, dir: &Path, name: &str, xml: &str) {
-    let path = dir.join(format!("{name}.xml"));
-    std::fs::write(&path, xml).unwrap();
-    d.ok(&["define", &path.to_string_lossy()]);
+/// The same guest's console in QEMU without libvirt and without migration.
+fn unmigrated(tools: &Tools, dir: &Path, frames: u32, ram_mib: u64) -> String {
+    libvirt::unmigrated(gmig(), tools, dir, frames, ram_mib)
 }
 
 #[test]
@@ -385,7 +89,11 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     // `gmig vm run` takes seconds: it runs beside libvirt.
     let want = std::thread::spawn(move || reference(frames));
     let started = Instant::now();
-    let d = Daemon::start(dir.path().join("libvirt"), &["--hostname", "gmig-lv"]);
+    let d = Daemon::start(
+        gmig(),
+        dir.path().join("libvirt"),
+        &["--hostname", "gmig-lv"],
+    );
     let name = "gmig-start";
 
     // A domain whose <gmig:vgpu> names no device of <qemu:commandline>: the hook refuses it,
@@ -396,7 +104,7 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
         "socket='/run/gmig/elsewhere.sock' type=",
     );
     assert_ne!(bad, xml, "the template changed: fix this test");
-    define(&d, dir.path(), name, &bad);
+    d.define(dir.path(), name, &bad);
     let o = d.virsh(&["start", name]);
     assert!(
         !o.status.success(),
@@ -410,7 +118,7 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     d.ok(&["undefine", name]);
 
     // The real domain: the hook starts gmig serve, QEMU attaches it, the guest renders.
-    define(&d, dir.path(), name, &xml);
+    d.define(dir.path(), name, &xml);
     d.ok(&["start", name]);
     assert_eq!(
         d.servers(name),
@@ -460,27 +168,6 @@ fn libvirt_starts_a_vm_whose_guest_renders_on_the_gmig_vgpu() {
     eprintln!("test took {:.1} s in all", started.elapsed().as_secs_f64());
 }
 
-/// The `frame N sum S` lines of a console, by frame number.
-fn frame_sums(console: &str) -> std::collections::BTreeMap<u64, String> {
-    console
-        .lines()
-        .filter_map(|l| {
-            let mut w = l.split_whitespace();
-            match (w.next(), w.next(), w.next(), w.next()) {
-                (Some("frame"), Some(n), Some("sum"), Some(s)) => {
-                    Some((n.parse().ok()?, s.to_string()))
-                }
-                _ => None,
-            }
-        })
-        .collect()
-}
-
-/// The last frame number a console printed a running sum for (0: none yet).
-fn last_frame(console: &str) -> u64 {
-    frame_sums(console).keys().next_back().copied().unwrap_or(0)
-}
-
 /// Frames the migrated guest renders: enough that it still renders at the switch-over (it
 /// starts after frame 64 and takes seconds under TCG here) and a few seconds on the destination.
 const MIGRATED_FRAMES: u32 = 60_000;
@@ -500,7 +187,7 @@ fn migrate_rendering_domain(
     save_restore: bool,
     (flags, dest_uri): (&[&str], &str),
 ) {
-    define(src, scratch, name, &domain_xml(tools, name, frames, 512));
+    src.define(scratch, name, &domain_xml(tools, name, frames, 512));
     src.ok(&["start", name]);
     assert!(
         src.wait_serial(name, Duration::from_secs(120), |c| c
@@ -658,6 +345,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     let net = NetPair::up("m");
     // Both daemons listen on TCP too: the return hop is daemon to daemon (`--p2p`).
     let src = Daemon::start(
+        gmig(),
         dir.path().join("src"),
         &[
             "--netns",
@@ -670,6 +358,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         ],
     );
     let dst = Daemon::start(
+        gmig(),
         dir.path().join("dst"),
         &[
             "--netns",

@@ -8,7 +8,8 @@
 //! ([`Corrupting`]); a connected loopback TCP pair ([`tcp_pair`]); checking that a command exited
 //! successfully ([`assert_success`]); the fuzz harnesses for every decoder of untrusted bytes
 //! ([`fuzz`]), shared by `fuzz/` and CI's smoke tests; QEMU and cloud-hypervisor processes
-//! around `gmig serve` ([`qemu`], [`cloud_hypervisor`]).
+//! around `gmig serve` ([`qemu`], [`cloud_hypervisor`]); private libvirt daemons with gmig's hook
+//! ([`libvirt`]).
 //!
 //! **Must not know about:** anything a production path needs.
 #![warn(missing_docs)]
@@ -22,6 +23,7 @@ use gmig_core::transport::{Connection, Endpoint};
 
 pub mod cloud_hypervisor;
 pub mod fuzz;
+pub mod libvirt;
 pub mod qemu;
 
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
