@@ -607,6 +607,13 @@ pub struct ServeArgs {
     /// destination can sit elsewhere in graphics memory than its source.
     #[arg(long, default_value_t = 0)]
     pub slot: u32,
+    /// The host's slot registry, a directory every `gmig serve` of this host shares (libvirt's
+    /// hook uses /run/gmig/slots): the server records the slices it takes there while it runs,
+    /// and `--slot` becomes a preference: when a running server's vGPU overlaps that slot, the
+    /// next free slot up is taken (then the lowest), and none when the host is full (an error
+    /// naming the servers that hold the slots).
+    #[arg(long, value_name = "DIR")]
+    pub slots: Option<PathBuf>,
     /// Dispatched GPU workloads the migration's stop lets finish on the source; the rest is
     /// preempted at a command boundary, travels in the vGPU's state and resumes on the
     /// destination (default 0: everything is carried).

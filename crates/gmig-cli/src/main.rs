@@ -8,6 +8,7 @@ mod bench;
 mod cli;
 mod cmd;
 mod exit;
+mod slots;
 
 use cli::{Cli, Command};
 

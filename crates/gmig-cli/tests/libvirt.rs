@@ -11,8 +11,11 @@
 //! `vfio-user-pci` device through `<qemu:commandline>`. The guest's GPU driver must print the
 //! checksum `gmig vm run` prints.
 //!
-//! Migration: two daemons, each in its own network namespace joined by a veth pair, each with its
-//! own vGPU slot, both listening on TCP too. The domain is suspended and resumed, saved and
+//! Migration: two daemons, each in its own network namespace joined by a veth pair, both
+//! listening on TCP too. The destination's hook adds 1 to the domain's slot (0), and the
+//! destination host already runs a vGPU in slot 1 (a `gmig serve` on its slot registry,
+//! `/run/gmig/slots`): the hook's server must take slot 2, the next free one, as its log says.
+//! The domain is suspended and resumed, saved and
 //! restored, then `virsh migrate --live --persistent --undefinesource --verbose DOMAIN URI`
 //! (client-driven) must complete, the source forgetting the domain and the destination keeping
 //! it defined; then a return hop `virsh migrate --p2p --verbose DOMAIN qemu+tcp://…` (daemon to
@@ -36,7 +39,7 @@ use std::time::{Duration, Instant};
 use gmig_test_support::libvirt::{
     self, frame_sums, last_frame, libvirt_ready, qemu_patched, text, Daemon, NetPair,
 };
-use gmig_test_support::qemu::{checksum_line, qemu_source_present, Tools};
+use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools};
 
 fn gmig() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_gmig"))
@@ -186,6 +189,7 @@ fn migrate_rendering_domain(
     frames: u32,
     save_restore: bool,
     (flags, dest_uri): (&[&str], &str),
+    dst_slot: u32,
 ) {
     src.define(scratch, name, &domain_xml(tools, name, frames, 512));
     src.ok(&["start", name]);
@@ -251,10 +255,13 @@ fn migrate_rendering_domain(
         );
     }
     eprintln!("{}", dst.ok(&["domjobinfo", name, "--completed"]));
-    // The destination's hook served the vGPU in its own slot; the source's released its own.
+    // The destination's hook served the vGPU in the slot expected; the source's released its
+    // own.
     let dst_hook = dst.file("log/gmig-hook.log");
     assert!(
-        dst_hook.contains(&format!("on /run/gmig/{name}.sock, type 64+384, slot 1")),
+        dst_hook.contains(&format!(
+            "on /run/gmig/{name}.sock, type 64+384, slot {dst_slot}"
+        )),
         "{dst_hook}"
     );
     assert!(
@@ -372,6 +379,16 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
             "--listen-tcp",
         ],
     );
+    // The destination host already runs a vGPU in slot 1, where the hook's offset would put the
+    // domain's (slot 0 + 1): a server of its own on the destination's slot registry
+    // (/run/gmig/slots in the daemon's mount namespace). The hook's server must take slot 2.
+    let registry = dst.dir.join("gmig/slots");
+    let _squatter = Serve::start(
+        gmig(),
+        dir.path(),
+        "squatter",
+        &["--slot", "1", "--slots", registry.to_str().unwrap()],
+    );
     let name = "gmig-mig";
     // The first hop: live, client-driven, and the domain's definition moves with it
     // (`--persistent --undefinesource`).
@@ -385,6 +402,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         frames,
         patched,
         (first_hop, &dst.uri),
+        2,
     );
 
     if !patched {
@@ -529,6 +547,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
         frames,
         false,
         (&["--live", "--verbose"], &dst.uri),
+        2,
     );
     let differs = |c: &str| {
         c.contains("seqno timeout")

@@ -28,11 +28,42 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
     let ty = parse_vgpu_type(&args.vgpu_type)
         .ok_or_else(|| anyhow!("unknown vGPU type `{}`", args.vgpu_type))?;
     let host = HostConfig::default();
-    let mut pm = PartitionManager::new(host).context("host graphics memory")?;
-    for _ in 0..args.slot {
-        pm.place(ty).context("placing the vGPUs before this one")?;
-    }
-    let (_, slices) = pm.place(ty).context("placing the vGPU")?;
+    // `_claim`, held for as long as the server runs: the registry's record of its slices.
+    let (slices, _claim) = match &args.slots {
+        None => {
+            let mut pm = PartitionManager::new(host).context("host graphics memory")?;
+            for _ in 0..args.slot {
+                pm.place(ty).context("placing the vGPUs before this one")?;
+            }
+            (pm.place(ty).context("placing the vGPU")?.1, None)
+        }
+        Some(dir) => {
+            let claim = crate::slots::claim(dir, host, ty, args.slot, &args.socket)?;
+            let why = if claim.displaced_by.is_empty() {
+                String::new()
+            } else {
+                let held: Vec<String> = claim
+                    .displaced_by
+                    .iter()
+                    .map(|r| format!("{} (pid {}, slot {})", r.socket, r.pid, r.slot))
+                    .collect();
+                format!(
+                    " (slot {} overlaps the running vGPU of {})",
+                    args.slot,
+                    held.join(", ")
+                )
+            };
+            event(
+                json,
+                "placed",
+                &format!(
+                    "slot {}: aperture {:#x}, hidden {:#x}{why}",
+                    claim.slot, claim.slices.aperture.base.0, claim.slices.hidden.base.0
+                ),
+            );
+            (claim.slices, Some(claim))
+        }
+    };
     // A socket file left by an earlier run is replaced; any other file is not touched.
     if let Ok(meta) = std::fs::symlink_metadata(&args.socket) {
         if !meta.file_type().is_socket() {
