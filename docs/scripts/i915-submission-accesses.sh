@@ -12,7 +12,8 @@
 # Reads wait for the server (a vfio-user round trip each); writes are posted unless
 # --no-posted-writes (QEMU's x-no-posted-writes=true). Prints the table and the guest's time per
 # submission. Needs: scripts/qemu/build.sh's QEMU, gcc with static glibc, GMIG (default
-# target/release/gmig). Nothing is kept (a temporary directory).
+# target/release/gmig); SERVE_ARGS adds arguments to `gmig serve` (e.g. `--poll-us 50`). Nothing
+# is kept (a temporary directory).
 set -euo pipefail
 n=200 posted=false
 for a in "$@"; do
@@ -38,7 +39,8 @@ SCRIPT
 chmod +x "$work/nop-run"
 eval "$("$root/scripts/qemu/guest.sh" --modules i915 --add "$work/nop-run:/bin/nop-run" \
     --add "$work/gmig-i915-blit:/bin/gmig-i915-blit" --out "$work/guest" | tail -n2)"
-"$gmig" serve --socket "$work/gpu.sock" --ram-by-vmm --clients 1 2>"$work/serve.log" &
+# shellcheck disable=SC2086 # SERVE_ARGS is split into arguments on purpose
+"$gmig" serve --socket "$work/gpu.sock" --ram-by-vmm --clients 1 ${SERVE_ARGS:-} 2>"$work/serve.log" &
 for _ in $(seq 100); do [[ -S $work/gpu.sock ]] && break; sleep 0.05; done
 timeout 600 "$qemu" -machine q35,accel=tcg,memory-backend=mem -cpu max -m 1G \
     -object memory-backend-memfd,id=mem,size=1G,share=on \

@@ -614,6 +614,12 @@ pub struct ServeArgs {
     /// naming the servers that hold the slots).
     #[arg(long, value_name = "DIR")]
     pub slots: Option<PathBuf>,
+    /// Poll the socket for up to this many microseconds after each message before sleeping
+    /// until the next (default 0: sleep at once): a register access that comes within it is
+    /// answered without waking a sleeping thread, at the price of a core kept busy that long
+    /// after every message.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    pub poll_us: u64,
     /// Dispatched GPU workloads the migration's stop lets finish on the source; the rest is
     /// preempted at a command boundary, travels in the vGPU's state and resumes on the
     /// destination (default 0: everything is carried).

@@ -15,7 +15,7 @@ use std::time::Duration;
 use gmig_vfio_migration::DeviceState;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
-use crate::server::{recv_message_into, write_message, ServerError};
+use crate::server::{poll_for_message, recv_message_into, write_message, ServerError};
 
 use crate::proto::{
     parse_sparse_mmap, Command, DmaAccess, DmaMap, DmaUnmap, Feature, Header, IoFdEntry, IoFdsHead,
@@ -107,6 +107,7 @@ pub struct Client {
     dma_served: u64,
     rx: Vec<u8>,
     timeout: Option<Duration>,
+    poll: Option<Duration>,
     broken: bool,
 }
 
@@ -122,6 +123,7 @@ impl Client {
             dma_served: 0,
             rx: Vec::new(),
             timeout: None,
+            poll: None,
             broken: false,
         };
         let mut v = Vec::new();
@@ -163,6 +165,12 @@ impl Client {
     ) -> Result<(Vec<u8>, Vec<File>)> {
         let fds = self.exchange(command, payload, fds)?;
         Ok((self.rx.clone(), fds))
+    }
+
+    /// Poll the socket for up to `limit` for each reply before sleeping until it comes
+    /// (`None`, the default: sleep at once); the server's side is `Server::set_poll`.
+    pub fn set_poll(&mut self, limit: Option<Duration>) {
+        self.poll = limit.filter(|d| !d.is_zero());
     }
 
     /// How long a request may wait for the socket (each read or write of it) before it fails
@@ -227,6 +235,9 @@ impl Client {
             self.stream.write_all(&msg[n..])?;
         }
         let (r, fds) = loop {
+            if let Some(limit) = self.poll {
+                poll_for_message(&self.stream, limit)?;
+            }
             let (head, fds) =
                 recv_message_into(&mut self.stream, &mut self.rx).map_err(|e| match e {
                     ServerError::Io(e) => ClientError::Io(e),

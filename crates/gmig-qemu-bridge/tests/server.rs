@@ -233,11 +233,21 @@ fn spawn_device(
     dev: TestDevice,
     clients: usize,
 ) -> (PathBuf, JoinHandle<TestDevice>, tempfile::TempDir) {
+    spawn_polling(dev, clients, None)
+}
+
+/// [`spawn_device`] with the server polling its socket for up to `poll` after each message.
+fn spawn_polling(
+    dev: TestDevice,
+    clients: usize,
+    poll: Option<std::time::Duration>,
+) -> (PathBuf, JoinHandle<TestDevice>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("vfio-user.sock");
     let listener = UnixListener::bind(&path).unwrap();
     let t = thread::spawn(move || {
         let mut server = Server::new(dev);
+        server.set_poll(poll);
         for _ in 0..clients {
             let (s, _) = listener.accept().unwrap();
             server.serve(s).ok();
@@ -323,6 +333,44 @@ fn base_protocol_regions_dma_into_client_memory_irqs_and_reset() {
     let dev = server.join().unwrap();
     assert_eq!(dev.resets, 1);
     assert!(dev.mem.is_none(), "mappings are dropped with the client");
+}
+
+#[test]
+fn a_server_and_a_client_that_poll_their_socket_serve_reads_writes_dma_and_the_next_client() {
+    // Polling for a whole second after each message: every message below comes while the
+    // server polls, and a client that leaves must end the session during a poll.
+    let poll = Some(std::time::Duration::from_secs(1));
+    let (path, server, _dir) = spawn_polling(TestDevice::new(7), 2, poll);
+    for round in 0..2u8 {
+        let mut c = Client::connect(&path).unwrap();
+        if round == 1 {
+            // The client polls for each reply as well.
+            c.set_poll(poll);
+        }
+        c.region_write(BAR0, 0x40, &[round, 2, 3, 4]).unwrap();
+        assert_eq!(c.region_read(BAR0, 0x40, 4).unwrap(), [round, 2, 3, 4]);
+        let ram = tempfile::tempfile().unwrap();
+        ram.set_len(0x10_0000).unwrap();
+        c.dma_map(&ram, 0x1000, DMA_BASE, 0x8000).unwrap();
+        c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0]).unwrap();
+        let mut got = [0u8; 4];
+        ram.read_exact_at(&mut got, 0x1000 + (DMA_TARGET - DMA_BASE))
+            .unwrap();
+        assert_eq!(&got, b"gmig", "round {round}");
+        let t = std::time::Instant::now();
+        for i in 0..200u64 {
+            assert_eq!(c.region_read(BAR0, 0x40, 4).unwrap()[0], round, "read {i}");
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(100),
+            "each read waited out the poll"
+        );
+    }
+    let dev = server.join().unwrap();
+    assert!(
+        dev.mem.is_none(),
+        "the second client left and the server returned"
+    );
 }
 
 #[test]

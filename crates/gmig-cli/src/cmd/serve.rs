@@ -108,6 +108,7 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
         backend = backend.with_screen(path.clone());
     }
     let mut server = Server::new(backend);
+    server.set_poll(Some(std::time::Duration::from_micros(args.poll_us)));
     server.set_negative_controls(NegativeControls {
         dma_log,
         no_migration: args.x_no_migration,

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 pub use self::device::{Dma, IoEventFd, RegionMmap, UserDevice};
 pub use self::state::{DmaLogControl, NegativeControls, Server, ServerError};
-pub(crate) use self::wire::{recv_message_into, write_message};
+pub(crate) use self::wire::{poll_for_message, recv_message_into, write_message};
 pub use crate::proto::Errno;
 
 /// The highest protocol minor version this server speaks (major 0).

@@ -10,7 +10,7 @@ use gmig_vfio_migration::DeviceState;
 use super::device::UserDevice;
 use super::dma_port::DmaPort;
 use super::state::{err, ok, Pending, Reply, Server, ServerError};
-use super::wire::{readable_within, recv_message_into, send};
+use super::wire::{poll_for_message, readable_within, recv_message_into, send};
 use super::{MAX_DATA_XFER, MAX_DMA_REGIONS, MAX_MSG_FDS, MINOR_VERSION};
 use crate::proto::{Command, Errno, Put, Reader, FLAG_NO_REPLY, FLAG_TYPE_MASK};
 
@@ -34,6 +34,9 @@ impl<D: UserDevice> Server<D> {
             } = match self.pending.pop_front() {
                 Some(p) => p,
                 None => {
+                    if let Some(limit) = self.poll {
+                        poll_for_message(stream, limit)?;
+                    }
                     // A device whose work goes on without the client (an engine spinning on
                     // memory) is given its turn whenever no message comes for a while.
                     if let Some(after) = self.device.idle_after() {

@@ -64,6 +64,9 @@ pub struct Server<D: UserDevice> {
     /// The last refusal of migration data logged (vfio-user replies carry only an errno, so the
     /// reason goes to the log, once per stream).
     pub(super) refusal_logged: Option<String>,
+    /// How long the session polls the socket for the next message before it sleeps in `recv`
+    /// (`None`: it sleeps at once).
+    pub(super) poll: Option<std::time::Duration>,
 }
 
 /// How the server's DMA logging behaves: as specified, or switched off for a negative control.
@@ -135,12 +138,21 @@ impl<D: UserDevice> Server<D> {
             spare: Vec::new(),
             refusal_logged: None,
             controls: NegativeControls::default(),
+            poll: None,
         }
     }
 
     /// Switches features off for a negative control.
     pub fn set_negative_controls(&mut self, controls: NegativeControls) {
         self.controls = controls;
+    }
+
+    /// Poll the socket for up to `limit` after each message before sleeping until the next
+    /// (`gmig serve --poll-us`): a message that comes within it is read without the wake-up of a
+    /// sleeping thread, which is most of a round trip's time, at the price of a core kept busy
+    /// for up to `limit` after every message. `None` (the default) sleeps at once.
+    pub fn set_poll(&mut self, limit: Option<std::time::Duration>) {
+        self.poll = limit.filter(|d| !d.is_zero());
     }
 
     /// The device.

@@ -121,3 +121,12 @@ pub(super) fn readable_within(
         _ => Ok(true),
     }
 }
+
+/// Polls `stream` without sleeping until it has something to read or `limit` has passed.
+pub(crate) fn poll_for_message(stream: &UnixStream, limit: std::time::Duration) -> io::Result<()> {
+    let start = std::time::Instant::now();
+    while !readable_within(stream, std::time::Duration::ZERO)? && start.elapsed() < limit {
+        std::hint::spin_loop();
+    }
+    Ok(())
+}
