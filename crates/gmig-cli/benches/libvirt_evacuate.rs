@@ -7,9 +7,12 @@
 //! The lab of `crates/gmig-cli/tests/libvirt.rs` (`gmig_test_support::libvirt`): two private
 //! libvirtds, each in its own network namespace joined by a veth pair; the domains of
 //! `integrations/libvirt/domain.xml.in` (QEMU 10.2.2 with `integrations/qemu/patches`, TCG, the
-//! Linux guest rendering the desktop profile). Domain A's vGPU is in slot 0 of the source and
-//! domain B's in slot 1; the destination's hook adds 2 (`--slot-offset 2`), so A lands in slot 2
-//! and B in slot 3: each vGPU in a slot of its own on each side, and every one moves.
+//! Linux guest rendering the desktop profile). Both domains' XML name slot 0, and each hook gives
+//! each vGPU a free slot (`gmig serve --slots /run/gmig/slots`, the host's slot registry): on the
+//! source A takes slot 0 and B, started after it, slot 1; the destination's hook adds 2
+//! (`--slot-offset 2`), so the first of the two incoming vGPUs takes slot 2 and the other, finding
+//! it taken, slot 3. The bench reads each slot from the hooks' logs and checks that no two vGPUs
+//! of one host share a slot and that every vGPU moves.
 //!
 //! Each rep migrates A alone, then B alone (solo), then both at once (two threads released by
 //! one barrier, each running `virsh migrate --live --verbose NAME DEST` against the source,
@@ -52,6 +55,23 @@ fn arg(name: &str, default: u32) -> u32 {
 /// The destination's hook adds this to every vGPU's slot.
 const DEST_SLOT_OFFSET: u32 = 2;
 
+/// The slot the hook's latest server for `name` took, from the hook's log (`NAME: gmig serve
+/// PID on SOCKET, type T, slot N[ (slot W is taken)]`).
+fn served_slot(hook_log: &str, name: &str) -> u32 {
+    let key = format!("on /run/gmig/{name}.sock, type 64+384, slot ");
+    hook_log
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once(&key))
+        .and_then(|(_, rest)| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("the hook's log has no server for {name}:\n{hook_log}"))
+}
+
 /// What one domain's migration measured.
 struct Row {
     name: String,
@@ -85,14 +105,14 @@ impl Lab<'_> {
     /// Starts every `(name, slot)` domain on the source, waits until each renders, migrates them
     /// all at once, and checks each destination guest against the reference; one row each, and
     /// the evacuation's wall clock (first virsh start to last virsh end).
-    fn evacuate(&self, doms: &[(String, u32)]) -> (Vec<Row>, f64) {
+    fn evacuate(&self, doms: &[String]) -> (Vec<Row>, f64) {
         let (src, dst) = (self.src, self.dst);
-        for (name, slot) in doms {
-            let xml = domain_xml(self.tools, name, self.frames, self.ram_mib, *slot);
+        for name in doms {
+            let xml = domain_xml(self.tools, name, self.frames, self.ram_mib, 0);
             src.define(self.scratch, name, &xml);
             src.ok(&["start", name]);
         }
-        for (name, _) in doms {
+        for name in doms {
             assert!(
                 src.wait_serial(name, Duration::from_secs(180), |c| c
                     .lines()
@@ -107,7 +127,7 @@ impl Lab<'_> {
         let outs: Vec<_> = std::thread::scope(|s| {
             let hs: Vec<_> = doms
                 .iter()
-                .map(|(name, _)| {
+                .map(|name| {
                     let gate = &gate;
                     s.spawn(move || {
                         gate.wait();
@@ -125,7 +145,7 @@ impl Lab<'_> {
         // First what must be read while every domain still runs on the destination (a guest
         // that finishes there powers off, and its transient domain is gone).
         let mut jobs = Vec::new();
-        for ((name, slot), (o, virsh_s)) in doms.iter().zip(outs) {
+        for (name, (o, virsh_s)) in doms.iter().zip(outs) {
             let on_source = src.serial(name);
             assert!(
                 !on_source.contains("GMIG-GUEST: exit"),
@@ -140,13 +160,26 @@ impl Lab<'_> {
             );
             assert_eq!(dst.state(name), "running", "{}", dst.logs());
             let info = dst.ok(&["domjobinfo", name, "--completed"]);
-            let to = slot + DEST_SLOT_OFFSET;
-            let hook = dst.file("log/gmig-hook.log");
+            let from = served_slot(&src.file("log/gmig-hook.log"), name);
+            let to = served_slot(&dst.file("log/gmig-hook.log"), name);
             assert!(
-                hook.contains(&format!("on /run/gmig/{name}.sock, type 64+384, slot {to}")),
-                "{name}: the destination's hook did not serve slot {to}:\n{hook}"
+                to >= DEST_SLOT_OFFSET && to != from,
+                "{name}: served in slot {from} on the source and {to} on the destination"
             );
-            jobs.push((name, *slot, to, info, virsh_s, on_source));
+            jobs.push((name, from, to, info, virsh_s, on_source));
+        }
+        for (side, pick) in [("source", 1), ("destination", 2)] {
+            let mut slots: Vec<u32> = jobs
+                .iter()
+                .map(|j| if pick == 1 { j.1 } else { j.2 })
+                .collect();
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(
+                slots.len(),
+                jobs.len(),
+                "two vGPUs share a slot on the {side}"
+            );
         }
         let want = frame_sums(self.reference);
         let mut rows = Vec::new();
@@ -189,7 +222,7 @@ impl Lab<'_> {
                 dest_frames: (first, last_frame(&console)),
             });
         }
-        for (name, _) in doms {
+        for name in doms {
             // The guest powered off on the destination (a transient domain there, gone); the
             // source keeps the definition, shut off.
             let _ = dst.virsh(&["destroy", name]);
@@ -287,14 +320,11 @@ fn main() {
     };
     let mut walls = Vec::new();
     for rep in 1..=reps {
-        for (dom, slot) in [("a", 0), ("b", 1)] {
-            let (rows, _) = lab.evacuate(&[(format!("evac-{dom}-{rep}-solo"), slot)]);
+        for dom in ["a", "b"] {
+            let (rows, _) = lab.evacuate(&[format!("evac-{dom}-{rep}-solo")]);
             print(rep, "solo", &rows);
         }
-        let both = [
-            (format!("evac-a-{rep}-pair"), 0),
-            (format!("evac-b-{rep}-pair"), 1),
-        ];
+        let both = [format!("evac-a-{rep}-pair"), format!("evac-b-{rep}-pair")];
         let (rows, wall) = lab.evacuate(&both);
         print(rep, "both at once", &rows);
         walls.push(wall);
