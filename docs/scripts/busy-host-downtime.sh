@@ -24,14 +24,12 @@ while (($#)); do
     shift
 done
 root=$(cd "$(dirname "$0")/../.." && pwd)
-gmig=${GMIG:-$root/target/release/gmig}
-[[ -x $gmig ]] || { echo "$0: no gmig at $gmig (cargo build --release -p gmig-cli, or set GMIG)" >&2; exit 2; }
+# shellcheck source=docs/scripts/i915-guest.sh
+. "$root/docs/scripts/i915-guest.sh"
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 out=${out:-$work/out}
 mkdir -p "$out"
-qemu=$("$root/scripts/qemu/build.sh" | tail -n1)
-sh "$root/crates/gmig-vmm/guest/build-i915.sh" "$work/gmig-i915-blit" >/dev/null
 cat >"$work/busy-run" <<'SCRIPT'
 #!/bin/sh
 modprobe i915 || echo "GMIG-BUSY: modprobe failed"
@@ -39,8 +37,7 @@ echo "GMIG-BUSY: running"
 while :; do /bin/gmig-i915-blit nop 1000 >/dev/null; done
 SCRIPT
 chmod +x "$work/busy-run"
-eval "$("$root/scripts/qemu/guest.sh" --modules i915 --add "$work/busy-run:/bin/busy-run" \
-    --add "$work/gmig-i915-blit:/bin/gmig-i915-blit" --out "$work/guest" | tail -n2)"
+i915_guest_prepare "$root" "$work" "$work/busy-run"
 
 bench() { # phase index
     "$gmig" --json bench migrate --profiles desktop,3d,video,compute --policies one-shot-narrow \
@@ -49,15 +46,9 @@ bench() { # phase index
 }
 for i in $(seq "$k"); do bench idle "$i"; done
 
-"$gmig" serve --socket "$work/gpu.sock" --ram-by-vmm --clients 1 2>"$work/serve.log" &
-for _ in $(seq 100); do [[ -S $work/gpu.sock ]] && break; sleep 0.05; done
-"$qemu" -machine q35,accel=tcg,memory-backend=mem -cpu max -m 1G \
-    -object memory-backend-memfd,id=mem,size=1G,share=on \
-    -nodefaults -nographic -no-reboot -serial "file:$work/console" \
-    -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "console=ttyS0 panic=-1 quiet no_timer_check drm_kms_helper.fbdev_emulation=0 gmig.run=/bin/busy-run" \
-    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$work/gpu.sock\",\"type\":\"unix\"}}" \
-    >"$work/qemu.log" 2>&1 &
+i915_guest_serve "$work"
+i915_guest_argv "$work"
+"${QEMU_ARGV[@]}" >"$work/qemu.log" 2>&1 &
 qemu_pid=$!
 for _ in $(seq 600); do grep -aq "GMIG-BUSY: running" "$work/console" 2>/dev/null && break; sleep 0.5; done
 grep -aq "GMIG-BUSY: running" "$work/console" || { echo "$0: the guest did not start its loop:" >&2; tail -20 "$work/console" >&2; exit 1; }

@@ -24,12 +24,10 @@ for a in "$@"; do
     esac
 done
 root=$(cd "$(dirname "$0")/../.." && pwd)
-gmig=${GMIG:-$root/target/release/gmig}
-[[ -x $gmig ]] || { echo "$0: no gmig at $gmig (cargo build --release -p gmig-cli, or set GMIG)" >&2; exit 2; }
+# shellcheck source=docs/scripts/i915-guest.sh
+. "$root/docs/scripts/i915-guest.sh"
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [[ -n ${GMIG_KEEP:-} ]] || rm -rf "$work"' EXIT
-qemu=$("$root/scripts/qemu/build.sh" | tail -n1)
-sh "$root/crates/gmig-vmm/guest/build-i915.sh" "$work/gmig-i915-blit" >/dev/null
 cat >"$work/nop-run" <<SCRIPT
 #!/bin/sh
 modprobe i915 || echo "GMIG-NOP: modprobe failed"
@@ -37,18 +35,10 @@ sleep 2
 /bin/gmig-i915-blit nop $n
 SCRIPT
 chmod +x "$work/nop-run"
-eval "$("$root/scripts/qemu/guest.sh" --modules i915 --add "$work/nop-run:/bin/nop-run" \
-    --add "$work/gmig-i915-blit:/bin/gmig-i915-blit" --out "$work/guest" | tail -n2)"
-# shellcheck disable=SC2086 # SERVE_ARGS is split into arguments on purpose
-"$gmig" serve --socket "$work/gpu.sock" --ram-by-vmm --clients 1 ${SERVE_ARGS:-} 2>"$work/serve.log" &
-for _ in $(seq 100); do [[ -S $work/gpu.sock ]] && break; sleep 0.05; done
-timeout 600 "$qemu" -machine q35,accel=tcg,memory-backend=mem -cpu max -m 1G \
-    -object memory-backend-memfd,id=mem,size=1G,share=on \
-    -nodefaults -nographic -no-reboot -serial "file:$work/console" \
-    -kernel "$KERNEL" -initrd "$INITRD" \
-    -append "console=ttyS0 panic=-1 quiet no_timer_check drm_kms_helper.fbdev_emulation=0 gmig.run=/bin/nop-run" \
-    -device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"path\":\"$work/gpu.sock\",\"type\":\"unix\"}}" \
-    -global "vfio-user-pci.x-no-posted-writes=$posted" \
+i915_guest_prepare "$root" "$work" "$work/nop-run"
+i915_guest_serve "$work"
+i915_guest_argv "$work"
+timeout 600 "${QEMU_ARGV[@]}" -global "vfio-user-pci.x-no-posted-writes=$posted" \
     -trace enable=vfio_region_read -trace enable=vfio_region_write \
     -trace enable=vfio_pci_read_config >"$work/qemu.log" 2>&1 || true
 grep -a "GMIG-NOP" "$work/console" || { echo "$0: the guest printed no result:" >&2; tail -20 "$work/console" >&2; exit 1; }

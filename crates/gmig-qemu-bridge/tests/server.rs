@@ -257,6 +257,19 @@ fn spawn_polling(
     (path, t, dir)
 }
 
+/// Maps a fresh file as guest RAM at DMA_BASE (from offset 0x1000), has the device write its
+/// DMA pattern, and returns the file and the 4 bytes found at the target.
+fn dma_write_into_client_ram(c: &mut Client) -> (File, [u8; 4]) {
+    let ram = tempfile::tempfile().unwrap();
+    ram.set_len(0x10_0000).unwrap();
+    c.dma_map(&ram, 0x1000, DMA_BASE, 0x8000).unwrap();
+    c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0]).unwrap();
+    let mut got = [0u8; 4];
+    ram.read_exact_at(&mut got, 0x1000 + (DMA_TARGET - DMA_BASE))
+        .unwrap();
+    (ram, got)
+}
+
 fn refused(r: Result<impl std::fmt::Debug, ClientError>) -> i32 {
     match r {
         Err(ClientError::Refused { errno, .. }) => errno,
@@ -288,13 +301,7 @@ fn base_protocol_regions_dma_into_client_memory_irqs_and_reset() {
     assert_eq!(c.region_read(BAR0, 0x40, 4).unwrap(), [1, 2, 3, 4]);
 
     // Guest RAM is the client's file; the device's DMA write lands in it.
-    let ram = tempfile::tempfile().unwrap();
-    ram.set_len(0x10_0000).unwrap();
-    c.dma_map(&ram, 0x1000, DMA_BASE, 0x8000).unwrap();
-    c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0]).unwrap();
-    let mut got = [0u8; 4];
-    ram.read_exact_at(&mut got, 0x1000 + (DMA_TARGET - DMA_BASE))
-        .unwrap();
+    let (_ram, mut got) = dma_write_into_client_ram(&mut c);
     assert_eq!(&got, b"gmig");
 
     // An IRQ through a descriptor the client passed.
@@ -349,13 +356,7 @@ fn a_server_and_a_client_that_poll_their_socket_serve_reads_writes_dma_and_the_n
         }
         c.region_write(BAR0, 0x40, &[round, 2, 3, 4]).unwrap();
         assert_eq!(c.region_read(BAR0, 0x40, 4).unwrap(), [round, 2, 3, 4]);
-        let ram = tempfile::tempfile().unwrap();
-        ram.set_len(0x10_0000).unwrap();
-        c.dma_map(&ram, 0x1000, DMA_BASE, 0x8000).unwrap();
-        c.region_write(BAR0, REG_DMA, &[1, 0, 0, 0]).unwrap();
-        let mut got = [0u8; 4];
-        ram.read_exact_at(&mut got, 0x1000 + (DMA_TARGET - DMA_BASE))
-            .unwrap();
+        let (_ram, got) = dma_write_into_client_ram(&mut c);
         assert_eq!(&got, b"gmig", "round {round}");
         let t = std::time::Instant::now();
         for i in 0..200u64 {
