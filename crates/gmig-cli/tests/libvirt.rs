@@ -37,7 +37,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gmig_test_support::libvirt::{
-    self, frame_sums, last_frame, libvirt_ready, qemu_patched, text, Daemon, NetPair,
+    self, assert_renders_as_unmigrated, frame_sums, last_frame, libvirt_ready, qemu_patched, text,
+    Daemon, NetPair,
 };
 use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools};
 
@@ -500,18 +501,7 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     );
     // Every running sum the guest printed — on the source before and after `virsh save` and
     // `restore`, on the destination, and on the source again — is the unmigrated run's.
-    for (n, sum) in on_source.iter().chain(&on_dest) {
-        assert_eq!(
-            want_sums.get(n),
-            Some(sum),
-            "frame {n}: the migrated guest's running sum differs from an unmigrated run's"
-        );
-    }
-    assert_eq!(
-        checksum_line(&console),
-        checksum_line(&reference),
-        "the migrated guest's checksum differs from an unmigrated run's"
-    );
+    assert_renders_as_unmigrated(&reference, &[&console, &dst_console], &console, name);
     // The domain is back on the source: its server on the destination released, the
     // destination keeps the definition the first hop's `--persistent` gave it (shut off), the
     // source runs it as a transient domain.

@@ -146,14 +146,9 @@ impl Ch {
     /// Waits at most `limit` until `done` holds for the console and the log (in that order);
     /// whether it did.
     pub fn wait_for(&self, limit: Duration, done: impl Fn(&str, &str) -> bool) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if done(&self.console_text(), &self.log_text()) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        done(&self.console_text(), &self.log_text())
+        crate::poll_until(limit, Duration::from_millis(100), || {
+            done(&self.console_text(), &self.log_text())
+        })
     }
 
     /// Waits at most `limit` for the process to exit (the guest powers the VM off when done);
@@ -195,11 +190,7 @@ pub fn ch_remote(bin: &Path, api: &Path, args: &[&str]) -> Result<String, String
 
 /// Waits at most `limit` for `path` to exist; whether it does.
 pub fn wait_path(path: &Path, limit: Duration) -> bool {
-    let t = Instant::now();
-    while !path.exists() && t.elapsed() < limit {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    path.exists()
+    crate::poll_until(limit, Duration::from_millis(20), || path.exists())
 }
 
 impl Drop for Ch {

@@ -6,7 +6,7 @@
 //! **Owns:** a lone vGPU on a default host ([`lone_vgpu`]); vGPU slice placements for "the
 //! destination sits elsewhere" tests ([`moved_slices`]); fault-injecting connections
 //! ([`Corrupting`]); a connected loopback TCP pair ([`tcp_pair`]); checking that a command exited
-//! successfully ([`assert_success`]); the fuzz harnesses for every decoder of untrusted bytes
+//! successfully ([`assert_success`]); the one wait loop ([`poll_until`]); the fuzz harnesses for every decoder of untrusted bytes
 //! ([`fuzz`]), shared by `fuzz/` and CI's smoke tests; QEMU and cloud-hypervisor processes
 //! around `gmig serve` ([`qemu`], [`cloud_hypervisor`]); private libvirt daemons with gmig's hook
 //! ([`libvirt`]).
@@ -29,6 +29,23 @@ pub mod qemu;
 use gmig_vgpu::gm::{HostConfig, PartitionManager, VgpuSlices, VgpuType};
 use gmig_vgpu::gtt::new_guest_ram;
 use gmig_vgpu::vgpu::{Vgpu, VgpuConfig};
+
+/// Calls `done` every `period` until it holds or `limit` has passed, then once more; whether it
+/// held. The one wait loop of the test processes (consoles, logs, files, daemons).
+pub fn poll_until(
+    limit: std::time::Duration,
+    period: std::time::Duration,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if done() {
+            return true;
+        }
+        thread::sleep(period);
+    }
+    done()
+}
 
 /// A 64+384 vGPU (number 1) placed first on an empty default host, with `ram` bytes of guest RAM.
 ///

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::qemu::{checksum_line, repo_root, Serve, Tools, Vm, VmSpec};
 
@@ -207,14 +207,7 @@ impl Daemon {
     /// Polls `done` until it holds, up to `limit`; whether it did (said on stderr, naming
     /// `what`, when it did not).
     pub fn wait_until(&self, what: &str, limit: Duration, done: impl Fn(&Daemon) -> bool) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if done(self) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let held = done(self);
+        let held = crate::poll_until(limit, Duration::from_millis(100), || done(self));
         if !held {
             eprintln!("{}: not {what} after {limit:?}", self.dir.display());
         }
@@ -377,6 +370,27 @@ pub fn frame_sums(console: &str) -> BTreeMap<u64, String> {
             }
         })
         .collect()
+}
+
+/// Checks a migrated guest against its unmigrated run (`reference`): every running sum each of
+/// `consoles` printed is the reference's for that frame, and `finished` (the console it ended on)
+/// has the reference's checksum line. `who` names the guest in a failure.
+pub fn assert_renders_as_unmigrated(reference: &str, consoles: &[&str], finished: &str, who: &str) {
+    let want = frame_sums(reference);
+    for console in consoles {
+        for (n, sum) in frame_sums(console) {
+            assert_eq!(
+                want.get(&n),
+                Some(&sum),
+                "{who}, frame {n}: the running sum differs from the unmigrated run's"
+            );
+        }
+    }
+    assert_eq!(
+        checksum_line(finished),
+        checksum_line(reference),
+        "{who}: the checksum differs from the unmigrated run's"
+    );
 }
 
 /// The last frame number a console printed a running sum for (0: none yet).

@@ -321,16 +321,11 @@ impl Vm {
     /// Waits until the console has a line for which `done` holds, QEMU exits, or `limit`
     /// passes; returns whether the line came.
     pub fn wait_for(&mut self, limit: Duration, done: impl Fn(&str) -> bool) -> bool {
-        let t = Instant::now();
-        loop {
-            if self.console().lines().any(&done) {
-                return true;
-            }
-            if t.elapsed() > limit || !matches!(self.child.try_wait(), Ok(None)) {
-                return self.console().lines().any(&done);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // Stops early when QEMU has exited (no line can come any more), then looks once more.
+        crate::poll_until(limit, Duration::from_millis(50), || {
+            self.console().lines().any(&done) || !matches!(self.child.try_wait(), Ok(None))
+        });
+        self.console().lines().any(&done)
     }
 
     /// Waits for QEMU to exit by itself (the guest powers off), up to `limit`; kills it after.
