@@ -33,7 +33,6 @@
 //! run` reference checksum of the first test only) where `/dev/kvm` is absent.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gmig_test_support::libvirt::{
@@ -61,13 +60,11 @@ fn reference(frames: u32) -> Option<String> {
         eprintln!("NOTE: /dev/kvm is absent: no reference checksum to compare with");
         return None;
     }
-    let out = Command::new(gmig())
-        .args(["vm", "run", "--profile", "desktop", "--frames"])
-        .arg(frames.to_string())
-        .output()
-        .expect("gmig vm run");
-    assert!(out.status.success(), "{}", text(&out));
-    checksum_line(&String::from_utf8_lossy(&out.stdout))
+    Some(gmig_test_support::qemu::vm_run_checksum(
+        gmig(),
+        "desktop",
+        frames,
+    ))
 }
 
 /// The domain of `lab.sh domain` for this guest, its vGPU in slot 0 (plus the daemon's offset).

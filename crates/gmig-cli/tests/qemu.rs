@@ -36,17 +36,11 @@ fn reference(profile: &str, frames: u32) -> Option<String> {
         eprintln!("SKIPPED: /dev/kvm is absent: no reference run of the guest driver");
         return None;
     }
-    let out = std::process::Command::new(gmig())
-        .args(["vm", "run", "--profile", profile, "--frames"])
-        .arg(frames.to_string())
-        .output()
-        .expect("gmig vm run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    checksum_line(&String::from_utf8_lossy(&out.stdout))
+    Some(gmig_test_support::qemu::vm_run_checksum(
+        gmig(),
+        profile,
+        frames,
+    ))
 }
 
 /// The guest's line for the vGPU: `GMIG-PCI: <addr> 0x8086 <device> 0x030000 bar0=… bar2=…`.

@@ -155,17 +155,8 @@ fn reference(tools: &Tools, dir: &Path, profile: &str, frames: u32) -> String {
     let line = checksum_line(&console).expect("no checksum in the reference run");
     assert!(line.contains(" failures 0"), "{line}");
     if std::env::var_os("GMIG_VM_REFERENCE").is_some() {
-        let out = Command::new(gmig())
-            .args(["vm", "run", "--profile", profile, "--frames"])
-            .arg(frames.to_string())
-            .output()
-            .expect("gmig vm run");
-        let vm_line = checksum_line(&String::from_utf8_lossy(&out.stdout));
-        assert_eq!(
-            vm_line.as_deref(),
-            Some(line.as_str()),
-            "QEMU vs gmig vm run"
-        );
+        let vm_line = gmig_test_support::qemu::vm_run_checksum(gmig(), profile, frames);
+        assert_eq!(vm_line, line, "QEMU vs gmig vm run");
     }
     DONE.lock()
         .unwrap()

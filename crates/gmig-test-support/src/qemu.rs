@@ -441,6 +441,32 @@ impl Drop for Vm {
     }
 }
 
+/// What the guest GPU driver prints under `gmig vm run ARGS` (KVM, gmig's own VMM, no QEMU), the
+/// reference of the QEMU, libvirt and cloud-hypervisor tests; panics, with its stderr, when the
+/// run fails.
+pub fn vm_run_output(gmig: &Path, args: &[&str]) -> String {
+    let out = Command::new(gmig)
+        .args(["vm", "run"])
+        .args(args)
+        .output()
+        .expect("gmig vm run");
+    assert!(
+        out.status.success(),
+        "gmig vm run {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The checksum line the driver prints under `gmig vm run --profile PROFILE --frames FRAMES`.
+pub fn vm_run_checksum(gmig: &Path, profile: &str, frames: u32) -> String {
+    let text = vm_run_output(
+        gmig,
+        &["--profile", profile, "--frames", &frames.to_string()],
+    );
+    checksum_line(&text).unwrap_or_else(|| panic!("gmig vm run printed no checksum:\n{text}"))
+}
+
 /// The `checksum …` line of a guest GPU driver's output.
 pub fn checksum_line(text: &str) -> Option<String> {
     text.lines()

@@ -13,17 +13,7 @@ pub fn gmig() -> &'static Path {
 
 /// The output of the driver under `gmig vm run ARGS` (KVM, gmig's own VMM).
 pub fn reference_run(args: &[&str]) -> String {
-    let out = std::process::Command::new(gmig())
-        .args(["vm", "run"])
-        .args(args)
-        .output()
-        .expect("gmig vm run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    gmig_test_support::qemu::vm_run_output(gmig(), args)
 }
 
 /// The checksum line of the driver under `gmig vm run ARGS`.
