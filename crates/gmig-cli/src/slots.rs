@@ -273,6 +273,27 @@ mod tests {
     }
 
     #[test]
+    fn a_vgpu_of_another_type_blocks_every_slot_its_slices_overlap() {
+        let host = HostConfig::default();
+        let big = gmig_vgpu::migratable::parse_vgpu_type("256+1024").unwrap();
+        let s = slices_of(host, big, 0).unwrap();
+        let held = Record {
+            pid: 9,
+            socket: "/big.sock".into(),
+            vgpu_type: "256+1024".into(),
+            slot: 0,
+            aperture: [s.aperture.base.0, s.aperture.size],
+            hidden: [s.hidden.base.0, s.hidden.size],
+        };
+        // Its 256 MiB aperture covers the first four 64 MiB apertures: a 64+384 vGPU that wants
+        // slot 0 gets the first slot whose slices it does not touch, and that slot is free.
+        let (slot, got) = choose(host, ty(), 0, std::slice::from_ref(&held)).unwrap();
+        assert!(!held.overlaps(&got));
+        assert!((0..slot).all(|n| held.overlaps(&slices_of(host, ty(), n).unwrap())));
+        assert_eq!(slot, 4, "256 MiB of aperture are four 64 MiB slots");
+    }
+
+    #[test]
     fn a_claim_is_recorded_while_held_and_removed_when_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let host = HostConfig::default();
