@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
-use gmig_vgpu::gm::{HostConfig, PartitionManager, Slice, VgpuSlices, VgpuType};
+use gmig_vgpu::gm::{slot_count, slot_slices, HostConfig, VgpuSlices, VgpuType};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
@@ -33,27 +33,13 @@ pub struct Record {
     pub vgpu_type: String,
     /// The slot it took.
     pub slot: u32,
-    /// Its aperture slice: base and size in bytes.
-    pub aperture: [u64; 2],
-    /// Its hidden slice: base and size in bytes.
-    pub hidden: [u64; 2],
+    /// Its slices.
+    pub slices: VgpuSlices,
 }
 
 impl Record {
-    fn slices(&self) -> [(u64, u64); 2] {
-        [
-            (self.aperture[0], self.aperture[0] + self.aperture[1]),
-            (self.hidden[0], self.hidden[0] + self.hidden[1]),
-        ]
-    }
-
-    fn overlaps(&self, s: &VgpuSlices) -> bool {
-        let [a, h] = self.slices();
-        let hit = |r: (u64, u64), x: &Slice| x.base.0 < r.1 && r.0 < x.base.0 + x.size;
-        hit(a, &s.aperture) || hit(h, &s.hidden)
-    }
-
-    fn describe(&self) -> String {
+    /// `SOCKET (pid P, TYPE, slot N)`: who holds the slot, for messages.
+    pub fn describe(&self) -> String {
         format!(
             "{} (pid {}, {}, slot {})",
             self.socket, self.pid, self.vgpu_type, self.slot
@@ -78,27 +64,6 @@ impl Drop for Claim {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-/// The slices of slot `slot` for type `ty` on `host`, or `None` when the host has no such slot.
-pub fn slices_of(host: HostConfig, ty: VgpuType, slot: u32) -> Option<VgpuSlices> {
-    let mut pm = PartitionManager::new(host).ok()?;
-    for _ in 0..slot {
-        pm.place(ty).ok()?;
-    }
-    pm.place(ty).ok().map(|(_, s)| s)
-}
-
-/// How many slots of type `ty` an empty `host` has.
-pub fn slot_count(host: HostConfig, ty: VgpuType) -> u32 {
-    let Ok(mut pm) = PartitionManager::new(host) else {
-        return 0;
-    };
-    let mut n = 0;
-    while pm.place(ty).is_ok() {
-        n += 1;
-    }
-    n
 }
 
 /// The live claims in `dir`, removing those whose server is gone.
@@ -156,8 +121,8 @@ pub fn choose(
     let count = slot_count(host, ty);
     (wanted..count)
         .chain(0..wanted.min(count))
-        .filter_map(|n| slices_of(host, ty, n).map(|s| (n, s)))
-        .find(|(_, s)| others.iter().all(|r| !r.overlaps(s)))
+        .filter_map(|n| slot_slices(host, ty, n).ok().map(|s| (n, s)))
+        .find(|(_, s)| others.iter().all(|r| !r.slices.overlaps(s)))
 }
 
 /// Takes a slot for a `ty` vGPU serving `socket`: `wanted` when no live claim in `dir` overlaps
@@ -197,8 +162,11 @@ pub fn claim(
             }
         ));
     };
-    let displaced_by = match slices_of(host, ty, wanted) {
-        Some(w) if slot != wanted => others.into_iter().filter(|r| r.overlaps(&w)).collect(),
+    let displaced_by = match slot_slices(host, ty, wanted) {
+        Ok(w) if slot != wanted => others
+            .into_iter()
+            .filter(|r| r.slices.overlaps(&w))
+            .collect(),
         _ => Vec::new(),
     };
     let record = Record {
@@ -206,8 +174,7 @@ pub fn claim(
         socket: socket.display().to_string(),
         vgpu_type: type_name,
         slot,
-        aperture: [slices.aperture.base.0, slices.aperture.size],
-        hidden: [slices.hidden.base.0, slices.hidden.size],
+        slices,
     };
     let path = dir.join(format!("{}.claim", record.pid));
     let file = OpenOptions::new()
@@ -243,14 +210,12 @@ mod tests {
     }
 
     fn record(pid: u32, slot: u32) -> Record {
-        let s = slices_of(HostConfig::default(), ty(), slot).unwrap();
         Record {
             pid,
             socket: format!("/{pid}.sock"),
             vgpu_type: "64+384".into(),
             slot,
-            aperture: [s.aperture.base.0, s.aperture.size],
-            hidden: [s.hidden.base.0, s.hidden.size],
+            slices: slot_slices(HostConfig::default(), ty(), slot).unwrap(),
         }
     }
 
@@ -276,20 +241,18 @@ mod tests {
     fn a_vgpu_of_another_type_blocks_every_slot_its_slices_overlap() {
         let host = HostConfig::default();
         let big = gmig_vgpu::migratable::parse_vgpu_type("256+1024").unwrap();
-        let s = slices_of(host, big, 0).unwrap();
         let held = Record {
             pid: 9,
             socket: "/big.sock".into(),
             vgpu_type: "256+1024".into(),
             slot: 0,
-            aperture: [s.aperture.base.0, s.aperture.size],
-            hidden: [s.hidden.base.0, s.hidden.size],
+            slices: slot_slices(host, big, 0).unwrap(),
         };
         // Its 256 MiB aperture covers the first four 64 MiB apertures: a 64+384 vGPU that wants
         // slot 0 gets the first slot whose slices it does not touch, and that slot is free.
         let (slot, got) = choose(host, ty(), 0, std::slice::from_ref(&held)).unwrap();
-        assert!(!held.overlaps(&got));
-        assert!((0..slot).all(|n| held.overlaps(&slices_of(host, ty(), n).unwrap())));
+        assert!(!held.slices.overlaps(&got));
+        assert!((0..slot).all(|n| held.slices.overlaps(&slot_slices(host, ty(), n).unwrap())));
         assert_eq!(slot, 4, "256 MiB of aperture are four 64 MiB slots");
     }
 
@@ -300,7 +263,7 @@ mod tests {
         let a = claim(dir.path(), host, ty(), 1, Path::new("/x.sock")).unwrap();
         assert_eq!(a.slot, 1);
         assert!(a.displaced_by.is_empty());
-        assert_eq!(Some(a.slices), slices_of(host, ty(), 1));
+        assert_eq!(Ok(a.slices), slot_slices(host, ty(), 1));
         let live = live_claims(dir.path()).unwrap();
         assert_eq!(live.len(), 1);
         assert_eq!((live[0].slot, live[0].pid), (1, std::process::id()));
@@ -325,15 +288,15 @@ mod tests {
         let c = claim(dir.path(), host, ty(), 1, Path::new("/a.sock")).unwrap();
         assert_eq!(c.slot, 1, "a dead server's claim does not hold its slot");
         assert!(!dir.path().join("1.claim").exists());
-        assert!(stale.overlaps(&slices_of(host, ty(), 1).unwrap()));
-        assert!(!stale.overlaps(&slices_of(host, ty(), 2).unwrap()));
+        assert!(stale.slices.overlaps(&slot_slices(host, ty(), 1).unwrap()));
+        assert!(!stale.slices.overlaps(&slot_slices(host, ty(), 2).unwrap()));
     }
 
     #[test]
     fn a_host_has_seven_slots_of_64_384_and_none_beyond() {
         let host = HostConfig::default();
         assert_eq!(slot_count(host, ty()), 7);
-        assert!(slices_of(host, ty(), 6).is_some());
-        assert!(slices_of(host, ty(), 7).is_none());
+        assert!(slot_slices(host, ty(), 6).is_ok());
+        assert!(slot_slices(host, ty(), 7).is_err());
     }
 }

@@ -125,9 +125,9 @@ fn served_slot(sock: &std::path::Path) -> u32 {
     let base = c.region_read(0, 0x78040, 4).unwrap();
     let base = u64::from(u32::from_le_bytes(base.try_into().unwrap()));
     let ty = gmig_vgpu::migratable::parse_vgpu_type("64+384").unwrap();
-    let mut pm = gmig_vgpu::gm::PartitionManager::new(Default::default()).unwrap();
+    let slot = |n| gmig_vgpu::gm::slot_slices(Default::default(), ty, n).unwrap();
     (0..7u32)
-        .find(|_| pm.place(ty).unwrap().1.aperture.base.0 == base)
+        .find(|&n| slot(n).aperture.base.0 == base)
         .unwrap_or_else(|| panic!("aperture base {base:#x} is no slot's"))
 }
 

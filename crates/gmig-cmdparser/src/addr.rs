@@ -186,7 +186,8 @@ impl Slice {
         }
     }
 
-    fn overlaps(&self, other: &Slice) -> bool {
+    /// Whether the two slices share a byte (an empty slice shares none).
+    pub fn overlaps(&self, other: &Slice) -> bool {
         self.size != 0 && other.size != 0 && self.base.0 < other.end() && other.base.0 < self.end()
     }
 }
@@ -222,6 +223,14 @@ impl VgpuSlices {
             });
         }
         Ok(())
+    }
+
+    /// Whether any byte of graphics memory is in both vGPUs' slices (two vGPUs of one host must
+    /// not overlap).
+    pub fn overlaps(&self, other: &VgpuSlices) -> bool {
+        [&self.aperture, &self.hidden]
+            .iter()
+            .any(|a| a.overlaps(&other.aperture) || a.overlaps(&other.hidden))
     }
 
     /// The slice that wholly contains `[start, start + len)`, if any.

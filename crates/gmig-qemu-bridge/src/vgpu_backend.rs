@@ -81,12 +81,8 @@ impl VgpuSpec {
     /// nothing (`Drain::CARRY`: the work in flight travels and the destination resumes it).
     pub fn for_guest(ty: VgpuType, slot: u32, ram_by_vmm: bool) -> Result<VgpuSpec, String> {
         let host = gmig_vgpu::gm::HostConfig::default();
-        let mut pm = gmig_vgpu::gm::PartitionManager::new(host).map_err(|e| e.to_string())?;
-        for _ in 0..slot {
-            pm.place(ty)
-                .map_err(|e| format!("placing the vGPUs before this one: {e}"))?;
-        }
-        let (_, slices) = pm.place(ty).map_err(|e| format!("placing the vGPU: {e}"))?;
+        let slices = gmig_vgpu::gm::slot_slices(host, ty, slot)
+            .map_err(|e| format!("placing the vGPU in slot {slot}: {e}"))?;
         Ok(VgpuSpec {
             gen: Gen::Gen9,
             ty,

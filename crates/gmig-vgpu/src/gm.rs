@@ -129,6 +129,29 @@ pub fn slices_at(
     }
 }
 
+/// Where a vGPU of type `ty` in host slot `slot` lands: after `slot` others of its type on an
+/// empty `host`, first fit (`gmig serve --slot`, `VgpuSpec::for_guest`). `NoRoom` when the host
+/// has no such slot.
+pub fn slot_slices(host: HostConfig, ty: VgpuType, slot: u32) -> Result<VgpuSlices> {
+    let mut pm = PartitionManager::new(host)?;
+    for _ in 0..slot {
+        pm.place(ty)?;
+    }
+    pm.place(ty).map(|(_, s)| s)
+}
+
+/// How many slots of type `ty` an empty `host` has.
+pub fn slot_count(host: HostConfig, ty: VgpuType) -> u32 {
+    let Ok(mut pm) = PartitionManager::new(host) else {
+        return 0;
+    };
+    let mut n = 0;
+    while pm.place(ty).is_ok() {
+        n += 1;
+    }
+    n
+}
+
 /// The shape of one host's global graphics memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostConfig {
@@ -288,10 +311,6 @@ fn fit(range: (u64, u64), used: &[Slice], size: u64, avoid: Option<u64>) -> Opti
 mod tests {
     use super::*;
 
-    fn overlaps(a: &Slice, b: &Slice) -> bool {
-        a.base.0 < b.base.0 + b.size && b.base.0 < a.base.0 + a.size
-    }
-
     #[test]
     fn types_have_the_gvt_sizes() {
         let sizes: Vec<(u64, u64)> = VgpuType::ALL
@@ -321,8 +340,8 @@ mod tests {
         }
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
-                assert!(!overlaps(&a.aperture, &b.aperture));
-                assert!(!overlaps(&a.hidden, &b.hidden));
+                assert!(!a.aperture.overlaps(&b.aperture));
+                assert!(!a.hidden.overlaps(&b.hidden));
             }
         }
     }

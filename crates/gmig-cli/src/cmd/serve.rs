@@ -8,12 +8,13 @@ use gmig_cmdparser::Gen;
 use gmig_core::migration::{MigrationConfig, Policy};
 use gmig_qemu_bridge::server::{DmaLogControl, NegativeControls, Server};
 use gmig_qemu_bridge::vgpu_backend::{VgpuBackend, VgpuSpec, GUEST_GPU_PACE};
-use gmig_vgpu::gm::{HostConfig, PartitionManager};
+use gmig_vgpu::gm::{slot_slices, HostConfig};
 use gmig_vgpu::migratable::parse_vgpu_type;
 
 use crate::cli::ServeArgs;
 use crate::cmd::migrate::profile_of;
 use crate::exit::Failure;
+use crate::slots::Record;
 
 fn event(json: bool, kind: &str, detail: &str) {
     if json {
@@ -30,23 +31,17 @@ pub fn run(args: &ServeArgs, json: bool) -> Result<(), Failure> {
     let host = HostConfig::default();
     // `_claim`, held for as long as the server runs: the registry's record of its slices.
     let (slices, _claim) = match &args.slots {
-        None => {
-            let mut pm = PartitionManager::new(host).context("host graphics memory")?;
-            for _ in 0..args.slot {
-                pm.place(ty).context("placing the vGPUs before this one")?;
-            }
-            (pm.place(ty).context("placing the vGPU")?.1, None)
-        }
+        None => (
+            slot_slices(host, ty, args.slot)
+                .with_context(|| format!("placing the vGPU in slot {}", args.slot))?,
+            None,
+        ),
         Some(dir) => {
             let claim = crate::slots::claim(dir, host, ty, args.slot, &args.socket)?;
             let why = if claim.displaced_by.is_empty() {
                 String::new()
             } else {
-                let held: Vec<String> = claim
-                    .displaced_by
-                    .iter()
-                    .map(|r| format!("{} (pid {}, slot {})", r.socket, r.pid, r.slot))
-                    .collect();
+                let held: Vec<String> = claim.displaced_by.iter().map(Record::describe).collect();
                 format!(
                     " (slot {} overlaps the running vGPU of {})",
                     args.slot,
