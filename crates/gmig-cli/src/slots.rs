@@ -145,16 +145,16 @@ pub fn claim(
     let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
         .map_err(|(_, e)| anyhow!("locking {}: {e}", lock_path.display()))?;
     let others = live_claims(dir)?;
-    let count = slot_count(host, ty);
     let chosen = choose(host, ty, wanted, &others);
     let name = gmig_vgpu::migratable::type_id(ty);
     let type_name = format!("{}+{}", name.aperture_mib, name.hidden_mib);
     let Some((slot, slices)) = chosen else {
         let held: Vec<String> = others.iter().map(Record::describe).collect();
         return Err(anyhow!(
-            "no free slot for a {type_name} vGPU in {}: each of this host's {count} slots of \
+            "no free slot for a {type_name} vGPU in {}: each of this host's {} slots of \
              that type overlaps a running vGPU: {}",
             dir.display(),
+            slot_count(host, ty),
             if held.is_empty() {
                 "none".to_string()
             } else {
