@@ -31,8 +31,8 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use gmig_test_support::libvirt::{
-    assert_renders_as_unmigrated, domain_xml, frame_sums, last_frame, libvirt_ready, qemu_patched,
-    text, unmigrated, Daemon, NetPair,
+    assert_renders_as_unmigrated, assert_switched_over, domain_xml, frame_sums, last_frame,
+    libvirt_ready, qemu_patched, unmigrated, Daemon, NetPair,
 };
 use gmig_test_support::qemu::{qemu_source_present, Tools};
 
@@ -146,19 +146,7 @@ impl Lab<'_> {
         // that finishes there powers off, and its transient domain is gone).
         let mut jobs = Vec::new();
         for (name, (o, virsh_s)) in doms.iter().zip(outs) {
-            let on_source = src.serial(name);
-            assert!(
-                !on_source.contains("GMIG-GUEST: exit"),
-                "{name} finished on the source before the switch-over: raise --frames"
-            );
-            assert!(
-                o.status.success(),
-                "virsh migrate {name}: {}\n{}\n{}",
-                text(&o),
-                src.logs(),
-                dst.logs()
-            );
-            assert_eq!(dst.state(name), "running", "{}", dst.logs());
+            let on_source = assert_switched_over(src, dst, name, &o);
             let info = dst.ok(&["domjobinfo", name, "--completed"]);
             let from = served_slot(&src.file("log/gmig-hook.log"), name);
             let to = served_slot(&dst.file("log/gmig-hook.log"), name);
@@ -184,15 +172,7 @@ impl Lab<'_> {
         let mut rows = Vec::new();
         for (name, from, to, info, virsh_s, on_source) in jobs {
             assert!(src.servers_gone(name), "{}", src.logs());
-            let done = dst.wait_serial(name, Duration::from_secs(600), |c| {
-                c.contains("GMIG-GUEST: exit")
-            });
-            let console = dst.serial(name);
-            assert!(done, "{name} did not finish on the destination:\n{console}");
-            assert!(
-                console.contains("GMIG-GUEST: exit 0") && !console.contains("seqno timeout"),
-                "{name} failed on the destination:\n{console}"
-            );
+            let console = dst.wait_finished(name, Duration::from_secs(600));
             let on_dest = frame_sums(&console);
             let first = on_dest.keys().next().copied().unwrap_or(0);
             assert!(

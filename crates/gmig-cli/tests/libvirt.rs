@@ -36,8 +36,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gmig_test_support::libvirt::{
-    self, assert_renders_as_unmigrated, frame_sums, last_frame, libvirt_ready, qemu_patched, text,
-    Daemon, NetPair,
+    self, assert_renders_as_unmigrated, assert_switched_over, frame_sums, last_frame,
+    libvirt_ready, qemu_patched, text, Daemon, NetPair,
 };
 use gmig_test_support::qemu::{checksum_line, qemu_source_present, Serve, Tools};
 
@@ -217,20 +217,7 @@ fn migrate_rendering_domain(
         o.status,
         text(&o)
     );
-    let source_console = src.serial(name);
-    assert!(
-        !source_console.contains("GMIG-GUEST: exit"),
-        "the guest finished on the source before the switch-over: raise the frame count\n{}",
-        source_console
-    );
-    assert!(
-        o.status.success(),
-        "virsh migrate failed: {}\n{}\n{}",
-        text(&o),
-        src.logs(),
-        dst.logs()
-    );
-    assert_eq!(dst.state(name), "running", "{}", dst.logs());
+    assert_switched_over(src, dst, name, &o);
     if flags.contains(&"--undefinesource") {
         assert!(
             !src.knows(name),
@@ -436,35 +423,12 @@ fn virsh_migrate_live_moves_the_vm_between_two_libvirt_daemons() {
     let last_on_source = last_frame(&src.serial(name));
     let src_tcp = format!("qemu+tcp://{}/system", NetPair::ADDR_A);
     let o = dst.virsh(&["migrate", "--p2p", "--verbose", name, &src_tcp]);
-    let dst_console = dst.serial(name);
     eprintln!(
         "return hop: virsh migrate --p2p --verbose {name} {src_tcp} (not live): {}",
         text(&o)
     );
-    assert!(
-        !dst_console.contains("GMIG-GUEST: exit"),
-        "the guest finished on the destination before the return hop: raise the frame count"
-    );
-    assert!(
-        o.status.success(),
-        "the return hop failed: {}\n{}\n{}",
-        text(&o),
-        dst.logs(),
-        src.logs()
-    );
-    assert_eq!(src.state(name), "running", "{}", src.logs());
-    let done = src.wait_serial(name, Duration::from_secs(300), |c| {
-        c.contains("GMIG-GUEST: exit")
-    });
-    let console = src.serial(name);
-    assert!(
-        done,
-        "the guest did not finish after the return hop:\n{console}"
-    );
-    assert!(
-        console.contains("GMIG-GUEST: exit 0") && !console.contains("seqno timeout"),
-        "the guest failed after the return hop:\n{console}"
-    );
+    let dst_console = assert_switched_over(&dst, &src, name, &o);
+    let console = src.wait_finished(name, Duration::from_secs(300));
     let reference = want.join().unwrap().expect("no unmigrated run");
     let (on_source, on_dest, want_sums) = (
         frame_sums(&console),

@@ -221,6 +221,24 @@ impl Daemon {
         })
     }
 
+    /// Waits up to `limit` for the guest of `name` to finish, and checks that it finished well
+    /// (exit 0, no submission timed out); its console.
+    pub fn wait_finished(&self, name: &str, limit: Duration) -> String {
+        let done = self.wait_serial(name, limit, |c| c.contains("GMIG-GUEST: exit"));
+        let console = self.serial(name);
+        assert!(
+            done,
+            "{name} did not finish on {}:\n{console}",
+            self.dir.display()
+        );
+        assert!(
+            console.contains("GMIG-GUEST: exit 0") && !console.contains("seqno timeout"),
+            "{name} failed on {}:\n{console}",
+            self.dir.display()
+        );
+        console
+    }
+
     /// Waits (up to 30 s) until the hook has stopped every server of the domain; whether it did.
     pub fn servers_gone(&self, name: &str) -> bool {
         self.wait_until("every server stopped", Duration::from_secs(30), |d| {
@@ -370,6 +388,28 @@ pub fn frame_sums(console: &str) -> BTreeMap<u64, String> {
             }
         })
         .collect()
+}
+
+/// After `virsh migrate` of `name` from `from` to `to`, which printed `o`: the guest was still
+/// rendering on `from` when it switched over (else the run is too short to show the destination
+/// rendering: raise its frame count), the command succeeded, and `to` runs the domain. Returns
+/// `from`'s console.
+pub fn assert_switched_over(from: &Daemon, to: &Daemon, name: &str, o: &Output) -> String {
+    let console = from.serial(name);
+    assert!(
+        !console.contains("GMIG-GUEST: exit"),
+        "{name} finished on {} before the switch-over: raise the frame count\n{console}",
+        from.dir.display()
+    );
+    assert!(
+        o.status.success(),
+        "virsh migrate {name}: {}\n{}\n{}",
+        text(o),
+        from.logs(),
+        to.logs()
+    );
+    assert_eq!(to.state(name), "running", "{}", to.logs());
+    console
 }
 
 /// Checks a migrated guest against its unmigrated run (`reference`): every running sum each of
