@@ -113,14 +113,7 @@ impl Lab<'_> {
             src.ok(&["start", name]);
         }
         for name in doms {
-            assert!(
-                src.wait_serial(name, Duration::from_secs(180), |c| c
-                    .lines()
-                    .any(|l| l.starts_with("frame 64 "))),
-                "{name} did not render on the source:\n{}\n{}",
-                src.serial(name),
-                src.logs()
-            );
+            src.assert_rendering(name, Duration::from_secs(180));
         }
         let gate = Barrier::new(doms.len());
         let started = Instant::now();

@@ -191,14 +191,7 @@ fn migrate_rendering_domain(
 ) {
     src.define(scratch, name, &domain_xml(tools, name, frames, 512));
     src.ok(&["start", name]);
-    assert!(
-        src.wait_serial(name, Duration::from_secs(120), |c| c
-            .lines()
-            .any(|l| l.starts_with("frame 64 "))),
-        "the guest did not render on the source:\n{}\n{}",
-        src.serial(name),
-        src.logs()
-    );
+    src.assert_rendering(name, Duration::from_secs(120));
     if save_restore {
         save_and_restore(src, scratch, name);
     }

@@ -221,6 +221,20 @@ impl Daemon {
         })
     }
 
+    /// Waits up to `limit` until the guest of `name` has rendered frame 64 (it runs and draws),
+    /// and fails with its console and the daemon's logs otherwise.
+    pub fn assert_rendering(&self, name: &str, limit: Duration) {
+        assert!(
+            self.wait_serial(name, limit, |c| c
+                .lines()
+                .any(|l| l.starts_with("frame 64 "))),
+            "{name} did not render on {}:\n{}\n{}",
+            self.dir.display(),
+            self.serial(name),
+            self.logs()
+        );
+    }
+
     /// Waits up to `limit` for the guest of `name` to finish, and checks that it finished well
     /// (exit 0, no submission timed out); its console.
     pub fn wait_finished(&self, name: &str, limit: Duration) -> String {
