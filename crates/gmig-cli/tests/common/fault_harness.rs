@@ -494,29 +494,82 @@ pub fn free_addr() -> String {
     format!("127.0.0.1:{port}")
 }
 
+/// Whether something listens on TCP `port` of this host (`/proc/net/tcp`, state 0A), seen
+/// without touching the port.
+fn listening(port: &str) -> bool {
+    let want = format!(":{:04X}", port.parse::<u16>().unwrap_or(0));
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+        })
+}
+
+/// Starts the destination on a free address and waits until it listens there. The address is
+/// free when chosen, but another process or connection may take it before the destination binds
+/// it: a destination that failed for that ("Address already in use") is started again on another
+/// address. One that exits before listening for any other reason comes back as its output.
+fn spawn_listening(dest: &impl Fn(&str) -> Command) -> (String, Result<Child, Output>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let addr = free_addr();
+        let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+        let mut child = dest(&addr)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let exited = loop {
+            assert!(Instant::now() < deadline, "the destination never listened");
+            if listening(&port) {
+                break false;
+            }
+            if !matches!(child.try_wait(), Ok(None)) {
+                break true;
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        if !exited {
+            return (addr, Ok(child));
+        }
+        let out = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !said.contains("Address already in use") {
+            return (addr, Err(out));
+        }
+    }
+}
+
 /// Any destination and source command pair through the proxy; `on_fire` is what a fault on a
 /// vGPU process does when the proxy trips.
 pub fn run_pair(
-    dest: impl FnOnce(&str) -> Command,
+    dest: impl Fn(&str) -> Command,
     source: impl FnOnce(&str) -> Command,
     trigger: Option<(Dir, Limit)>,
     fault: Fault,
     on_fire: Option<OnFire>,
     marks: Option<Arc<Marks>>,
 ) -> Run {
-    let dest_addr = free_addr();
-    let dest = dest(&dest_addr)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (dest_addr, dest) = spawn_listening(&dest);
+    // A destination that already ended (it failed before listening) is waited for no more.
+    let (dest, dest_out) = match dest {
+        Ok(child) => (Some(child), None),
+        Err(out) => (None, Some(out)),
+    };
     let proxy = Proxy::new(dest_addr);
     let proxy_addr = proxy.addr();
     let trip = Arc::new(Trip {
         fired: AtomicBool::new(false),
         swallow: AtomicBool::new(false),
         fault,
-        children: Mutex::new((None, Some(dest))),
+        children: Mutex::new((None, dest)),
         sockets: Mutex::new(Vec::new()),
         captured: Mutex::new(Vec::new()),
         at: Mutex::new(None),
@@ -532,7 +585,7 @@ pub fn run_pair(
     trip.children.lock().unwrap().0 = Some(source);
     let deadline = Instant::now() + Duration::from_secs(60);
     // Wait for both without holding the lock the proxy needs to kill one of them.
-    let mut outs: [Option<Output>; 2] = [None, None];
+    let mut outs: [Option<Output>; 2] = [None, dest_out];
     while outs.iter().any(Option::is_none) {
         assert!(
             Instant::now() < deadline,
